@@ -1,0 +1,56 @@
+"""Celery settings for playrun, chosen for safety; each line says why.
+
+Broker and result backend come from PLAYRUN_REDIS_URL (read once, in tasks.settings).
+"""
+
+from __future__ import annotations
+
+from kombu import Exchange, Queue
+
+from tasks.constants import QUEUE
+from tasks.settings import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.redis_url
+result_backend = _settings.redis_url
+
+# Ack after the task finishes, so a task whose worker dies is delivered again;
+# the SQL claim makes that redelivery safe (a play never runs twice).
+task_acks_late = True
+# A child killed by SIGKILL/OOM must requeue its task, not fail it.
+task_reject_on_worker_lost = True
+# One message per process: a slow sandbox start must not hide queued runs from idle workers.
+worker_prefetch_multiplier = 1
+# Redis redelivers unacked messages after this; it must outlive every countdown we schedule
+# (checked in Settings.check), or a waiting message would be delivered twice.
+broker_transport_options = {"visibility_timeout": _settings.visibility_timeout_s}
+result_backend_transport_options = {"visibility_timeout": _settings.visibility_timeout_s}
+# On a lost broker connection, cancel the late-acked tasks in flight: they will be
+# redelivered anyway, and finishing them would ack nothing.
+worker_cancel_long_running_tasks_on_connection_loss = True
+broker_connection_retry_on_startup = True
+# Flower needs task events.
+worker_send_task_events = True
+task_send_sent_event = True
+# JSON only: no pickles from the broker.
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+# Results are not how callers learn outcomes (SQL is); keep them short-lived.
+result_expires = 3600
+task_ignore_result = True
+# Workers declare their queue; app code only publishes to it.
+task_default_queue = QUEUE
+task_queues = (Queue(QUEUE, Exchange(QUEUE, type="direct"), routing_key=QUEUE),)
+task_default_exchange = QUEUE
+task_default_routing_key = QUEUE
+task_create_missing_queues = False
+# Maintenance needs the database at the head revision before it schedules anything.
+beat_scheduler = "tasks.maintenance.schedule:CheckedScheduler"
+timezone = "UTC"
+enable_utc = True
+# Tasks are short (acquire, launch, watch a little, hand off); a stuck one is killed.
+task_time_limit = 300
+task_soft_time_limit = 240
+worker_hijack_root_logger = False

@@ -1,0 +1,22 @@
+"""SQLAlchemy models of playrun; the schema is owned by the Alembic migrations beside them."""
+
+from models.base import Base, JSONType, UTCDateTime, db_now, new_id
+from models.resources import CapacityLease, CapacityOrg, RuntimeResource, TrafficPolicy
+from models.runs import Attempt, Outbox, PlayBundle, Run, RunEvent
+
+__all__ = [
+    "Attempt",
+    "Base",
+    "CapacityLease",
+    "CapacityOrg",
+    "JSONType",
+    "Outbox",
+    "PlayBundle",
+    "Run",
+    "RunEvent",
+    "RuntimeResource",
+    "TrafficPolicy",
+    "UTCDateTime",
+    "db_now",
+    "new_id",
+]

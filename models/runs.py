@@ -1,0 +1,102 @@
+"""Plays, runs, attempts, ledger events and the outbox."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base, JSONType, UTCDateTime, db_now, new_id
+
+
+class PlayBundle(Base):
+    """A play's source, content-addressed by its SHA-256 digest."""
+
+    __tablename__ = "play_bundles"
+    digest: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    source: Mapped[str] = mapped_column(sa.Text)
+    size: Mapped[int] = mapped_column(sa.Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (sa.UniqueConstraint("org_id", "idempotency_key", name="uq_runs_org_idem"),)
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
+    org_id: Mapped[str] = mapped_column(sa.String(128), index=True)
+    play_path: Mapped[str] = mapped_column(sa.String(1024))
+    play_digest: Mapped[str] = mapped_column(sa.ForeignKey("play_bundles.digest"))
+    idempotency_key: Mapped[str | None] = mapped_column(sa.String(256))
+    input: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    status: Mapped[str] = mapped_column(sa.String(16), index=True)
+    code: Mapped[str | None] = mapped_column(sa.String(64))
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    output: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    current_generation: Mapped[int] = mapped_column(sa.Integer, default=0)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Bounded deferral of pre-code failures (SPEC 4.6).
+    deferral_count: Mapped[int] = mapped_column(sa.Integer, default=0)
+    deferral_total_ms: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    deferred_until: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    last_deferral_cause: Mapped[str | None] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Attempt(Base):
+    """One try at a run; only the current, unexpired (generation, lease_token) may write."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (sa.UniqueConstraint("run_id", "generation", name="uq_attempts_run_gen"),)
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    generation: Mapped[int] = mapped_column(sa.Integer)
+    lease_token: Mapped[str] = mapped_column(sa.String(64))
+    lease_expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    worker_id: Mapped[str | None] = mapped_column(sa.String(256))
+    state: Mapped[str] = mapped_column(sa.String(16), index=True)
+    provider: Mapped[str | None] = mapped_column(sa.String(64))
+    sandbox_id: Mapped[str | None] = mapped_column(sa.String(256))
+    # The detached runner's suspension: when it was launched and when it must be done.
+    runner_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    runner_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    events_offset: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    end_reason: Mapped[str | None] = mapped_column(sa.String(64))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class RunEvent(Base):
+    """The append-only run ledger."""
+
+    __tablename__ = "run_events"
+    __table_args__ = (sa.Index("ix_run_events_run_seq", "run_id", "id"),)
+
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True
+    )
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    generation: Mapped[int | None] = mapped_column(sa.Integer)
+    kind: Mapped[str] = mapped_column(sa.String(64))
+    data: Mapped[Any] = mapped_column(JSONType)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+
+
+class Outbox(Base):
+    """Messages to publish after commit; the row id is the Celery task id."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    task_name: Mapped[str] = mapped_column(sa.String(128))
+    args: Mapped[Any] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    available_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    publish_count: Mapped[int] = mapped_column(sa.Integer, default=0)

@@ -1,0 +1,90 @@
+"""The claim: start_attempt opens generation n+1, or resumes a deferred one, or does nothing.
+
+The run row is locked (FOR UPDATE SKIP LOCKED on PostgreSQL), so of any number of
+duplicate deliveries exactly one opens the attempt; the rest see it and stop.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from models import Attempt, PlayBundle, Run, db_now
+from tasks import ledger
+from tasks.constants import (
+    ATTEMPT_ACTIVE,
+    ATTEMPT_DEFERRED,
+    EV_ATTEMPT_STARTED,
+    RUNNING,
+    TERMINAL_STATUSES,
+)
+from tasks.fence import Fence, lock_run
+
+Skip = Literal["not_found", "locked", "terminal", "active", "not_due", "cancel"]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    fence: Fence
+    org_id: str
+    play_source: str
+    input: Any
+    resumed: bool
+
+
+@dataclass(frozen=True)
+class Skipped:
+    reason: Skip
+
+
+def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
+          ) -> Claimed | Skipped:
+    run = lock_run(session, run_id, skip_locked=True)
+    if run is None:
+        exists = session.scalar(sa.select(sa.func.count()).where(Run.id == run_id))
+        return Skipped("locked" if exists else "not_found")
+    if run.status in TERMINAL_STATUSES:
+        return Skipped("terminal")
+    if run.cancel_requested_at is not None:
+        return Skipped("cancel")
+    due = session.scalar(sa.select(
+        sa.or_(Run.deferred_until.is_(None), Run.deferred_until <= db_now())
+    ).where(Run.id == run_id))
+    if not due:
+        return Skipped("not_due")
+    current = session.scalars(
+        sa.select(Attempt).where(
+            Attempt.run_id == run_id, Attempt.generation == run.current_generation
+        )
+    ).first()
+    token = secrets.token_hex(16)
+    if current is not None and current.state == ATTEMPT_ACTIVE:
+        return Skipped("active")
+    resumed = current is not None and current.state == ATTEMPT_DEFERRED
+    if resumed:
+        assert current is not None
+        current.lease_token = token
+        current.state = ATTEMPT_ACTIVE
+        current.worker_id = worker_id
+        current.lease_expires_at = db_now(lease_seconds)  # type: ignore[assignment]
+        generation = current.generation
+    else:
+        generation = run.current_generation + 1
+        session.add(Attempt(
+            run_id=run_id, generation=generation, lease_token=token, worker_id=worker_id,
+            state=ATTEMPT_ACTIVE, lease_expires_at=db_now(lease_seconds), events_offset=0,
+        ))
+        run.current_generation = generation
+        ledger.append(session, run_id, EV_ATTEMPT_STARTED, {"generation": generation},
+                      generation)
+    run.status = RUNNING
+    run.deferred_until = None
+    run.updated_at = db_now()  # type: ignore[assignment]
+    source = session.scalar(sa.select(PlayBundle.source).where(
+        PlayBundle.digest == run.play_digest))
+    return Claimed(Fence(run_id, generation, token), run.org_id, source or "", run.input,
+                   resumed)

@@ -1,0 +1,95 @@
+"""Durable, bounded deferral of a pre-code failure.
+
+The attempt keeps its generation (state `deferred`), no worker slot waits, and
+the next start is an outbox row due at `now + delay`: published with a Celery
+countdown when short, or by the beat sweep when longer than any countdown we allow.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from models import Outbox, db_now
+from tasks import ledger
+from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
+from tasks.admission.submit import enqueue_start
+from tasks.constants import (
+    ATTEMPT_DEFERRED,
+    ATTEMPT_ENDED,
+    EV_DEFERRED,
+    FAILED,
+    QUEUE,
+    QUEUED,
+    START_DEFERRAL_EXHAUSTED,
+)
+from tasks.db import session_scope
+from tasks.fence import Fence, hold
+from tasks.notify import run_settled
+from tasks.release.attempt import release_attempt
+from tasks.settings import Settings
+from tasks.settlement.outcome import Outcome
+from tasks.settlement.terminal import write_terminal
+
+log = logging.getLogger("playrun.deferral")
+
+Cause = Literal["hold", "throttle", "provider_capacity", "provider_rate_limited", "transport",
+                "capacity", "worker_lost"]
+
+
+def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
+          at_least_ms: int = 0, detail: str = "") -> Literal["deferred", "exhausted"]:
+    """Schedule the attempt again later, or fail the run once the budget is spent."""
+    with session_scope() as session:
+        run, attempt = hold(session, fence)
+        delay = deferral_delay_ms(run.deferral_count, base_ms=settings.deferral_base_ms,
+                                  max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
+        if budget_exhausted(run.deferral_count, run.deferral_total_ms, delay,
+                            max_count=settings.deferral_max_count,
+                            max_total_ms=int(settings.deferral_max_total_s * 1000)):
+            attempt.state = ATTEMPT_ENDED
+            attempt.end_reason = "deferral_exhausted"
+            attempt.ended_at = db_now()  # type: ignore[assignment]
+            message = (f"sandbox start deferred {run.deferral_count} times over "
+                       f"{run.deferral_total_ms / 1000:.1f}s; last cause: {cause}"
+                       + (f" ({detail})" if detail else ""))
+            write_terminal(session, run, Outcome.failed(START_DEFERRAL_EXHAUSTED, message),
+                           fence.generation)
+            verdict: Literal["deferred", "exhausted"] = "exhausted"
+            outbox_id = None
+        else:
+            attempt.state = ATTEMPT_DEFERRED
+            attempt.lease_expires_at = db_now()  # type: ignore[assignment]
+            run.status = QUEUED
+            run.deferred_until = db_now(delay / 1000)  # type: ignore[assignment]
+            run.deferral_count += 1
+            run.deferral_total_ms += delay
+            run.last_deferral_cause = cause
+            ledger.append(session, fence.run_id, EV_DEFERRED,
+                          {"cause": cause, "delay_ms": delay, "detail": detail or None},
+                          fence.generation)
+            outbox_id = enqueue_start(session, fence.run_id, delay_s=delay / 1000)
+            verdict = "deferred"
+    release_attempt(fence.run_id, fence.generation)
+    if verdict == "exhausted":
+        run_settled(fence.run_id, FAILED)
+    elif outbox_id is not None and delay / 1000 <= settings.max_countdown_s:
+        _publish_with_countdown(app, outbox_id, fence.run_id, delay / 1000)
+    return verdict
+
+
+def _publish_with_countdown(app: Any, outbox_id: str, run_id: str, countdown: float) -> None:
+    """Short waits ride a Celery countdown; if the broker is down the sweep publishes later."""
+    from tasks.constants import TASK_START_ATTEMPT
+
+    try:
+        app.send_task(TASK_START_ATTEMPT, args=[run_id], task_id=outbox_id, queue=QUEUE,
+                      countdown=countdown)
+    except Exception as exc:
+        log.warning("deferred start of run %s left to the sweep: %s", run_id, exc)
+        return
+    with session_scope() as session:
+        session.execute(sa.update(Outbox).where(Outbox.id == outbox_id).values(
+            sent_at=db_now(), publish_count=Outbox.publish_count + 1))

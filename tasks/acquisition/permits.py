@@ -1,0 +1,56 @@
+"""Start permits from the fleet-wide bucket, honouring the traffic policy.
+
+A wait within the local horizon is slept in place (monotonic clock); a longer
+one is returned so the caller defers the attempt durably.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tasks.acquisition.policy import THROTTLE, Policy
+from tasks.acquisition.startrate import Permit, StartRateLimiter, rules_for
+from tasks.notify import redis_client
+from tasks.settings import Settings, get_settings
+
+
+@dataclass(frozen=True)
+class PermitDecision:
+    granted: bool
+    wait_ms: int
+    epoch: int
+    rate: float
+    degraded: bool
+
+
+@lru_cache(maxsize=4)
+def _limiter(url: str, pid: int, horizon_ms: int) -> StartRateLimiter:
+    return StartRateLimiter(redis_client(url), horizon_ms=horizon_ms)
+
+
+def limiter() -> StartRateLimiter:
+    settings = get_settings()
+    return _limiter(settings.redis_url, os.getpid(), settings.start_local_sleep_ms)
+
+
+def _override(policy: Policy) -> float | None:
+    return policy.starts_per_minute if policy.mode == THROTTLE else None
+
+
+def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision:
+    permit: Permit = limiter().acquire(provider, rules_for(settings, provider, _override(policy)),
+                                       observed_successes=1)
+    if permit.granted:
+        wait = permit.scheduled_at_ms - permit.server_now_ms
+        if wait > 0:
+            time.sleep(wait / 1000)  # a reserved slot within the horizon: wait for it
+    return PermitDecision(permit.granted, permit.wait_ms, permit.epoch, permit.rate,
+                          permit.degraded)
+
+
+def penalize(provider: str, policy: Policy, epoch: int, settings: Settings) -> bool:
+    return limiter().penalize(provider, rules_for(settings, provider, _override(policy)),
+                              epoch, settings.start_rate_cooldown_ms)

@@ -1,0 +1,117 @@
+"""Provider create and the fenced record of the sandbox it gave us.
+
+Labels name the run, generation, org and capacity lease, so GC can always find
+an owner (or prove there is none) for any sandbox the provider lists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import resources
+from typing import Any
+
+import sqlalchemy as sa
+
+from models import Attempt, RuntimeResource, db_now
+from tasks import ledger
+from tasks.acquisition.claim import Claimed
+from tasks.constants import (
+    EV_SANDBOX_LIVE,
+    EV_SANDBOX_REQUESTED,
+    INPUT_FILE,
+    LABEL_GENERATION,
+    LABEL_LEASE,
+    LABEL_MANAGED,
+    LABEL_ORG,
+    LABEL_RUN,
+    PLAY_FILE,
+    RESOURCE_CLEANUP,
+    RESOURCE_LIVE,
+    RUNNER_FILE,
+)
+from tasks.db import session_scope
+from tasks.errors import FenceLostError
+from tasks.fence import Fence, hold
+from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec
+from tasks.settings import Settings
+
+log = logging.getLogger("playrun.acquisition")
+
+
+def runner_source() -> bytes:
+    return resources.files("tasks.execution").joinpath("runner.py").read_bytes()
+
+
+def labels_for(claimed: Claimed, lease_id: str | None) -> dict[str, str]:
+    labels = {
+        LABEL_MANAGED: "1",
+        LABEL_RUN: claimed.fence.run_id,
+        LABEL_GENERATION: str(claimed.fence.generation),
+        LABEL_ORG: claimed.org_id,
+    }
+    if lease_id:
+        labels[LABEL_LEASE] = lease_id
+    return labels
+
+
+def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> SandboxSpec:
+    return SandboxSpec(
+        labels=labels_for(claimed, lease_id),
+        files={
+            PLAY_FILE: claimed.play_source.encode(),
+            INPUT_FILE: json.dumps(claimed.input).encode(),
+            RUNNER_FILE: runner_source(),
+        },
+        memory_mb=settings.sandbox_memory_mb,
+        max_file_mb=settings.sandbox_max_file_mb,
+    )
+
+
+def note_requested(fence: Fence, provider: str) -> None:
+    with session_scope() as session:
+        hold(session, fence)
+        ledger.append(session, fence.run_id, EV_SANDBOX_REQUESTED, {"provider": provider},
+                      fence.generation)
+
+
+def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
+    """Record the sandbox live (and promote its capacity lease) under the fence.
+
+    If the fence is lost, the sandbox is recorded for cleanup in its own
+    transaction, deleted, and FenceLostError propagates.
+    """
+    try:
+        with session_scope() as session:
+            hold(session, fence)
+            session.add(RuntimeResource(
+                run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
+                sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_LIVE,
+            ))
+            session.execute(sa.update(Attempt).where(
+                Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
+            ).values(provider=ref.provider, sandbox_id=ref.sandbox_id))
+            if promote is not None:
+                promote(session, ref)
+            ledger.append(session, fence.run_id, EV_SANDBOX_LIVE,
+                          {"sandbox_id": ref.sandbox_id, "provider": ref.provider},
+                          fence.generation)
+    except FenceLostError:
+        record_for_cleanup(fence, ref, "reported after the attempt lost its fence")
+        raise
+
+
+def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:
+    """Keep a durable record of a sandbox nobody will use, so GC deletes it if we cannot."""
+    with session_scope() as session:
+        session.add(RuntimeResource(
+            run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
+            sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_CLEANUP,
+            last_error=why, updated_at=db_now(),
+        ))
+
+
+def create(provider: SandboxProvider, claimed: Claimed, settings: Settings,
+           lease_id: str | None) -> SandboxRef:
+    note_requested(claimed.fence, provider.name)
+    return provider.create(spec_for(claimed, settings, lease_id))

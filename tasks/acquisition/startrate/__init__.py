@@ -1,0 +1,15 @@
+"""Fleet-wide sandbox start-rate bucket: GCRA pacing with an AIMD-adapted rate (SPEC 4.3)."""
+
+from tasks.acquisition.startrate.bucket import StartRateLimiter, rules_for
+from tasks.acquisition.startrate.fallback import LocalStartRateLimiter
+from tasks.acquisition.startrate.maths import Penalty, Permit, RateRule, RuleState
+
+__all__ = [
+    "LocalStartRateLimiter",
+    "Penalty",
+    "Permit",
+    "RateRule",
+    "RuleState",
+    "StartRateLimiter",
+    "rules_for",
+]

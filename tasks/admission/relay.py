@@ -1,0 +1,82 @@
+"""The outbox relay: publish due rows with the row id as the Celery task id.
+
+Rows are claimed with FOR UPDATE SKIP LOCKED on PostgreSQL (SQLite's BEGIN
+IMMEDIATE serialises the claim), so concurrent relays never publish a row twice
+in one pass; a crash between publish and commit re-publishes it, and the claim
+in start_attempt makes that duplicate harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+import sqlalchemy.orm
+
+from models import Outbox, Run, db_now
+from tasks.constants import QUEUE, QUEUED
+from tasks.db import is_postgres, session_scope
+
+log = logging.getLogger("playrun.relay")
+
+
+def _publish(app: Any, rows: Sequence[Outbox]) -> int:
+    published = 0
+    for row in rows:
+        try:
+            app.send_task(row.task_name, args=list(row.args), task_id=row.id, queue=QUEUE)
+        except Exception as exc:  # broker down: the sweep tries again
+            log.warning("outbox %s not published: %s", row.id, exc)
+            break
+        row.sent_at = db_now()  # type: ignore[assignment]
+        row.publish_count = (row.publish_count or 0) + 1
+        published += 1
+    return published
+
+
+def publish_due(app: Any, *, ids: Sequence[str] | None = None, limit: int = 200) -> int:
+    """Publish unsent rows that are due. Broker errors leave rows unsent for the next sweep."""
+    with session_scope() as session:
+        stmt = (
+            sa.select(Outbox)
+            .where(Outbox.sent_at.is_(None), Outbox.available_at <= db_now())
+            .order_by(Outbox.available_at)
+            .limit(limit)
+        )
+        if ids is not None:
+            stmt = stmt.where(Outbox.id.in_(list(ids)))
+        if is_postgres(session):
+            stmt = stmt.with_for_update(skip_locked=True)
+        return _publish(app, list(session.scalars(stmt)))
+
+
+def resend_stale(app: Any, *, after_s: float, limit: int = 200) -> int:
+    """Re-publish the start of runs still queued long after it was sent.
+
+    A broker that lost its messages (a Redis restart) must not strand a run. The
+    wait doubles with each resend so a long but healthy backlog is not flooded.
+    """
+    newer = sa.orm.aliased(Outbox)
+    with session_scope() as session:
+        backoff = after_s * sa.func.power(2, sa.func.least(Outbox.publish_count, 6))
+        if not is_postgres(session):
+            backoff = after_s * sa.func.power(2, sa.func.min(Outbox.publish_count, 6))
+        stmt = (
+            sa.select(Outbox)
+            .join(Run, Run.id == Outbox.run_id)
+            .where(
+                Run.status == QUEUED,
+                Outbox.sent_at.is_not(None),
+                Outbox.sent_at < db_now(-backoff),
+                # Only the newest row of a run matters; older ones were for earlier deferrals.
+                ~sa.exists().where(newer.run_id == Outbox.run_id,
+                                   newer.created_at > Outbox.created_at),
+            )
+            .order_by(Outbox.sent_at)
+            .limit(limit)
+        )
+        if is_postgres(session):
+            stmt = stmt.with_for_update(of=Outbox, skip_locked=True)
+        return _publish(app, list(session.scalars(stmt)))

@@ -1,0 +1,186 @@
+"""The public API for app code: submit_run, get_run, cancel_run, run_events."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+import sqlalchemy as sa
+
+from models import Attempt, Run, db_now
+from tasks import ledger
+from tasks.admission.relay import publish_due
+from tasks.admission.submit import admit
+from tasks.constants import (
+    CANCELLED,
+    CANCELLED_CODE,
+    EV_CANCEL_REQUESTED,
+    KEY_RUN_DONE,
+    TERMINAL_STATUSES,
+)
+from tasks.db import session_scope
+from tasks.errors import RunNotFoundError, RunWaitTimeoutError
+from tasks.fence import lock_run
+from tasks.notify import redis_client
+from tasks.settlement.outcome import Outcome
+from tasks.settlement.terminal import settle_unattended
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str
+    output: Any
+    error: str | None
+    code: str | None
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    generation: int
+    state: str
+    sandbox_id: str | None
+    started_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True)
+class RunView:
+    id: str
+    org_id: str
+    status: str
+    code: str | None
+    error: str | None
+    output: Any
+    created_at: datetime
+    finished_at: datetime | None
+    attempts: list[AttemptView]
+    play_path: str
+    idempotency_key: str | None
+    deferral_count: int
+
+    @property
+    def sandbox_id(self) -> str | None:
+        return self.attempts[-1].sandbox_id if self.attempts else None
+
+    def result(self) -> RunResult:
+        return RunResult(self.status, self.output, self.error, self.code)
+
+
+class RunHandle:
+    """A submitted run. `created` is False when an idempotency key matched an earlier run."""
+
+    def __init__(self, run_id: str, created: bool = True) -> None:
+        self.id = run_id
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.id!r})"
+
+    def view(self) -> RunView:
+        return get_run(self.id)
+
+    def wait(self, timeout: float | None = 60.0) -> RunResult:
+        """Wait for the terminal outcome: a Redis notification, with SQL polls as the backstop."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pubsub = None
+        try:
+            pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(KEY_RUN_DONE + self.id)
+        except redis.RedisError:
+            pubsub = None
+        pause = 0.05
+        try:
+            while True:
+                view = get_run(self.id)
+                if view.status in TERMINAL_STATUSES:
+                    return view.result()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RunWaitTimeoutError(
+                        f"run {self.id} is still {view.status} after {timeout}s")
+                step = pause if left is None else min(pause, left)
+                if pubsub is not None:
+                    try:
+                        pubsub.get_message(timeout=step)
+                    except redis.RedisError:
+                        pubsub = None
+                        time.sleep(step)
+                else:
+                    time.sleep(step)  # no Redis: poll SQL with backoff
+                pause = min(pause * 2, 1.0)
+        finally:
+            if pubsub is not None:
+                try:
+                    pubsub.close()
+                except redis.RedisError:
+                    pass
+
+
+def submit_run(play: str | Path, input: Any = None, *, org_id: str,
+               idempotency_key: str | None = None) -> RunHandle:
+    """Admit a run; with a key already used by this org, return that run and write nothing."""
+    from tasks.app import app
+
+    admitted = admit(play, input, org_id, idempotency_key)
+    if admitted.outbox_id is not None:
+        try:
+            publish_due(app, ids=[admitted.outbox_id])
+        except Exception:  # committed already: the beat sweep publishes it
+            pass
+    return RunHandle(admitted.run_id, admitted.created)
+
+
+def _view(run: Run, attempts: list[Attempt]) -> RunView:
+    return RunView(
+        id=run.id, org_id=run.org_id, status=run.status, code=run.code, error=run.error,
+        output=run.output, created_at=run.created_at, finished_at=run.finished_at,
+        attempts=[AttemptView(a.generation, a.state, a.sandbox_id, a.started_at, a.ended_at)
+                  for a in attempts],
+        play_path=run.play_path, idempotency_key=run.idempotency_key,
+        deferral_count=run.deferral_count,
+    )
+
+
+def get_run(run_id: str) -> RunView:
+    with session_scope() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise RunNotFoundError(f"no run with id {run_id!r}")
+        attempts = list(session.scalars(
+            sa.select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.generation)))
+        return _view(run, attempts)
+
+
+def list_runs(limit: int = 50, org_id: str | None = None) -> list[RunView]:
+    with session_scope() as session:
+        stmt = sa.select(Run).order_by(Run.created_at.desc()).limit(limit)
+        if org_id:
+            stmt = stmt.where(Run.org_id == org_id)
+        return [_view(r, []) for r in session.scalars(stmt)]
+
+
+def run_events(run_id: str) -> list[ledger.Event]:
+    with session_scope() as session:
+        if session.get(Run, run_id) is None:
+            raise RunNotFoundError(f"no run with id {run_id!r}")
+        return ledger.read(session, run_id)
+
+
+def cancel_run(run_id: str) -> RunView:
+    """Ask for cancellation; the outcome is `cancelled` unless a terminal already won."""
+    with session_scope() as session:
+        run = lock_run(session, run_id)
+        if run is None:
+            raise RunNotFoundError(f"no run with id {run_id!r}")
+        first = run.status not in TERMINAL_STATUSES and run.cancel_requested_at is None
+        if first:
+            run.cancel_requested_at = db_now()  # type: ignore[assignment]
+            ledger.append(session, run_id, EV_CANCEL_REQUESTED, {})
+    if first:
+        # Queued or deferred runs have nobody watching: settle here (a no-op if active).
+        settle_unattended(run_id, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"))
+    return get_run(run_id)

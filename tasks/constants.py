@@ -1,0 +1,96 @@
+"""Every key prefix, code, status and default in one place."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Run statuses (SPEC section 5).
+QUEUED: Final = "queued"
+RUNNING: Final = "running"
+SUCCEEDED: Final = "succeeded"
+FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
+TERMINAL_STATUSES: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
+
+# Attempt states.
+ATTEMPT_ACTIVE: Final = "active"
+ATTEMPT_ENDED: Final = "ended"
+ATTEMPT_FENCED_OUT: Final = "fenced_out"
+# Waiting out a pre-code deferral; resumed by the next claim without a new generation.
+ATTEMPT_DEFERRED: Final = "deferred"
+
+# Runtime resource (sandbox) states.
+RESOURCE_REQUESTED: Final = "requested"
+RESOURCE_LIVE: Final = "live"
+RESOURCE_CLEANUP: Final = "cleanup"
+RESOURCE_DELETED: Final = "deleted"
+
+# Stable failure codes (SPEC section 5).
+PLAY_NOT_FOUND: Final = "PLAY_NOT_FOUND"
+PLAY_INVALID: Final = "PLAY_INVALID"
+PLAY_ERROR: Final = "PLAY_ERROR"
+OUTPUT_INVALID: Final = "OUTPUT_INVALID"
+INPUT_INVALID: Final = "INPUT_INVALID"
+RUN_TIMEOUT: Final = "RUN_TIMEOUT"
+SANDBOX_CAPACITY_EXCEEDED: Final = "SANDBOX_CAPACITY_EXCEEDED"
+START_DEFERRAL_EXHAUSTED: Final = "START_DEFERRAL_EXHAUSTED"
+RUNTIME_RUNNER_LOST: Final = "RUNTIME_RUNNER_LOST"
+CANCELLED_CODE: Final = "CANCELLED"
+SANDBOX_START_FAILED: Final = "SANDBOX_START_FAILED"
+
+CAPACITY_EXCEEDED_MESSAGE: Final = (
+    "This organization's execution concurrency limit is currently full."
+)
+
+# Ledger event kinds (SPEC section 5).
+EV_ADMITTED: Final = "run.admitted"
+EV_ATTEMPT_STARTED: Final = "attempt.started"
+EV_DEFERRED: Final = "run.deferred"
+EV_SANDBOX_REQUESTED: Final = "sandbox.requested"
+EV_SANDBOX_LIVE: Final = "sandbox.live"
+EV_PROGRESS: Final = "run.progress"
+EV_SANDBOX_DELETED: Final = "sandbox.deleted"
+EV_CAPACITY_RELEASED: Final = "capacity.released"
+EV_CAPACITY_OVERRUN: Final = "capacity.overrun"
+EV_RECEIPTS_RELEASED: Final = "receipts.released"
+EV_CANCEL_REQUESTED: Final = "run.cancel_requested"
+TERMINAL_EVENT: Final = {SUCCEEDED: "run.succeeded", FAILED: "run.failed", CANCELLED: "run.cancelled"}
+
+# Sandbox labels (provider-neutral; GC lists by these).
+LABEL_MANAGED: Final = "playrun"
+LABEL_RUN: Final = "playrun.run"
+LABEL_GENERATION: Final = "playrun.generation"
+LABEL_ORG: Final = "playrun.org"
+LABEL_LEASE: Final = "playrun.lease"
+
+# Files a runner leaves in its sandbox.
+RESULT_FILE: Final = "result.json"
+EVENTS_FILE: Final = "events.jsonl"
+PLAY_FILE: Final = "play.py"
+INPUT_FILE: Final = "input.json"
+RUNNER_FILE: Final = "runner.py"
+
+# Celery queue and task names.
+QUEUE: Final = "playrun"
+TASK_START_ATTEMPT: Final = "playrun.start_attempt"
+TASK_WATCH_ATTEMPT: Final = "playrun.watch_attempt"
+TASK_RELAY_OUTBOX: Final = "playrun.relay_outbox"
+TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
+TASK_REAP: Final = "playrun.reap"
+TASK_SWEEP_DEFERRED: Final = "playrun.sweep_deferred"
+TASK_SANDBOX_GC: Final = "playrun.sandbox_gc"
+
+# Redis key prefixes.
+KEY_PREFIX: Final = "playrun"
+KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
+KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
+
+# Limits.
+MAX_INPUT_BYTES: Final = 256 * 1024
+MAX_OUTPUT_BYTES: Final = 1024 * 1024
+MAX_RESULT_FILE_BYTES: Final = 2 * 1024 * 1024
+MAX_EVENT_BYTES: Final = 16 * 1024
+MAX_EVENTS_READ_BYTES: Final = 256 * 1024
+MAX_PLAY_BYTES: Final = 1024 * 1024
+# The development signing secret; refused when a PostgreSQL database is configured.
+DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"

@@ -1,0 +1,128 @@
+"""Engines, sessions and the Alembic schema check."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+from tasks.errors import SchemaNotCurrentError
+from tasks.settings import get_settings
+
+_engines: dict[tuple[int, str], sa.Engine] = {}
+
+
+def _sqlite_engine(url: str) -> sa.Engine:
+    path = sa.engine.make_url(url).database
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 30}, poolclass=sa.pool.NullPool)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let us issue BEGIN ourselves; WAL lets readers run beside the one writer.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # IMMEDIATE takes the write lock up front: claims and fences are serialised.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def get_engine(url: str | None = None) -> sa.Engine:
+    """One engine per process and URL (a forked worker child builds its own)."""
+    url = url or get_settings().database_url
+    key = (os.getpid(), url)
+    engine = _engines.get(key)
+    if engine is None:
+        if url.startswith("sqlite"):
+            engine = _sqlite_engine(url)
+        else:
+            engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        _engines[key] = engine
+    return engine
+
+
+def dispose_engines() -> None:
+    for key, engine in list(_engines.items()):
+        engine.dispose()
+        del _engines[key]
+
+
+@contextmanager
+def session_scope(url: str | None = None) -> Iterator[Session]:
+    """A session in one transaction: committed on success, rolled back on error."""
+    factory = sessionmaker(bind=get_engine(url), expire_on_commit=False)
+    with factory() as session, session.begin():
+        yield session
+
+
+def is_postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+# --- migrations -------------------------------------------------------------
+
+def alembic_config(url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", "models:migrations")
+    cfg.set_main_option("sqlalchemy.url", (url or get_settings().database_url).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    cfg = alembic_config(url)
+    with get_engine(url).connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+        conn.commit()
+
+
+def downgrade(url: str | None = None, revision: str = "base") -> None:
+    cfg = alembic_config(url)
+    with get_engine(url).connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+        conn.commit()
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def current_revision(url: str | None = None) -> str | None:
+    with get_engine(url).connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def require_current_schema(url: str | None = None) -> None:
+    """Refuse to go on unless the database is at the Alembic head."""
+    try:
+        current = current_revision(url)
+    except sa.exc.OperationalError as exc:
+        raise SchemaNotCurrentError(
+            f"cannot read the schema revision ({exc.orig}); run `playrun db upgrade`"
+        ) from exc
+    head = head_revision()
+    if current != head:
+        raise SchemaNotCurrentError(
+            f"database is at revision {current or 'none'}, code needs {head}; "
+            "run `playrun db upgrade`"
+        )

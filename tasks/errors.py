@@ -1,0 +1,81 @@
+"""One exception root for playrun; every error carries a stable code (SPEC section 5)."""
+
+from __future__ import annotations
+
+
+class PlayrunError(Exception):
+    """Root of every error playrun raises on purpose."""
+
+    code: str = "PLAYRUN_ERROR"
+
+    def __init__(self, message: str = "", *, code: str | None = None) -> None:
+        super().__init__(message or self.__class__.__doc__ or self.code)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.code
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class ConfigurationError(PlayrunError):
+    """The configuration is unusable."""
+
+    code = "CONFIG_INVALID"
+
+
+class SchemaNotCurrentError(PlayrunError):
+    """The database is not at the Alembic head revision."""
+
+    code = "SCHEMA_NOT_CURRENT"
+
+
+class PlayNotFoundError(PlayrunError):
+    """The play file does not exist."""
+
+    code = "PLAY_NOT_FOUND"
+
+
+class PlayInvalidError(PlayrunError):
+    """The play cannot be loaded (syntax error, no run function)."""
+
+    code = "PLAY_INVALID"
+
+
+class InputInvalidError(PlayrunError):
+    """The run input is not JSON or is too large."""
+
+    code = "INPUT_INVALID"
+
+
+class RunNotFoundError(PlayrunError):
+    """No run has this id."""
+
+    code = "RUN_NOT_FOUND"
+
+
+class RunWaitTimeoutError(PlayrunError):
+    """The run did not reach a terminal outcome within the wait timeout."""
+
+    code = "WAIT_TIMEOUT"
+
+
+class FenceLostError(PlayrunError):
+    """The attempt no longer holds the current, unexpired lease; nothing was written."""
+
+    code = "FENCE_LOST"
+
+
+class CapacityExceededError(PlayrunError):
+    """This organization's execution concurrency limit is currently full."""
+
+    code = "SANDBOX_CAPACITY_EXCEEDED"
+
+
+class WriteIntentUnavailableError(PlayrunError):
+    """The gateway does not offer the write-intent sheet start."""
+
+    code = "WRITE_INTENT_UNAVAILABLE"

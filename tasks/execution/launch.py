@@ -1,0 +1,37 @@
+"""Launch the runner detached and record the suspension (deadline) under the fence."""
+
+from __future__ import annotations
+
+from models import db_now
+from tasks.constants import RUNNER_FILE
+from tasks.db import session_scope
+from tasks.fence import Fence, hold, renew
+from tasks.sandbox import SandboxProvider
+from tasks.settings import Settings
+
+# The supervisor's hard kill comes this long after the runner's own timeout fires.
+HARD_KILL_GRACE_S = 5.0
+
+
+def launch(fence: Fence, provider: SandboxProvider, sandbox_id: str, org_id: str,
+           settings: Settings) -> None:
+    provider.exec_detached(
+        sandbox_id,
+        ["{python}", RUNNER_FILE, "--timeout", f"{settings.run_timeout_s:g}"],
+        env={
+            "PLAYRUN_RUN_ID": fence.run_id,
+            "PLAYRUN_GENERATION": str(fence.generation),
+            "PLAYRUN_ORG_ID": org_id,
+        },
+        timeout_s=settings.run_timeout_s + HARD_KILL_GRACE_S,
+    )
+    with session_scope() as session:
+        _, attempt = hold(session, fence)
+        attempt.runner_started_at = db_now()  # type: ignore[assignment]
+        # Past this the runner is lost whatever the sandbox says.
+        attempt.runner_deadline = db_now(  # type: ignore[assignment]
+            settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_grace_s
+        )
+        renew(session, fence, settings.lease_seconds)
+
+

@@ -1,0 +1,71 @@
+"""The fence: a write on behalf of an attempt commits only while that attempt is current.
+
+Every fenced write locks the run row first, then the attempt row, in that order
+everywhere, so a claim, a settlement and a heartbeat can never deadlock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from models import Attempt, Run, db_now
+from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
+from tasks.errors import FenceLostError
+
+
+@dataclass(frozen=True)
+class Fence:
+    run_id: str
+    generation: int
+    lease_token: str
+
+
+def lock_run(session: Session, run_id: str, *, skip_locked: bool = False) -> Run | None:
+    """Lock and return the run row (SQLite's BEGIN IMMEDIATE already serialises)."""
+    stmt = sa.select(Run).where(Run.id == run_id)
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=skip_locked)
+    return session.scalars(stmt.execution_options(populate_existing=True)).first()
+
+
+def hold(session: Session, fence: Fence, *, allow_terminal: bool = False) -> tuple[Run, Attempt]:
+    """Check the fence inside the caller's transaction; raise FenceLostError if it fails.
+
+    The check uses the database clock, and the row locks keep it true until commit.
+    """
+    run = lock_run(session, fence.run_id)
+    if run is None or run.current_generation != fence.generation:
+        raise FenceLostError(f"run {fence.run_id} generation {fence.generation} is not current")
+    if run.status in TERMINAL_STATUSES and not allow_terminal:
+        raise FenceLostError(f"run {fence.run_id} is already {run.status}")
+    stmt = sa.select(Attempt).where(
+        Attempt.run_id == fence.run_id,
+        Attempt.generation == fence.generation,
+        Attempt.lease_token == fence.lease_token,
+        Attempt.state == ATTEMPT_ACTIVE,
+        Attempt.lease_expires_at > db_now(),
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    attempt = session.scalars(stmt.execution_options(populate_existing=True)).first()
+    if attempt is None:
+        raise FenceLostError(
+            f"attempt {fence.generation} of run {fence.run_id} lost its lease"
+        )
+    return run, attempt
+
+
+def renew(session: Session, fence: Fence, lease_seconds: float) -> None:
+    """Extend the lease of a held fence (call after hold(), same transaction)."""
+    session.execute(
+        sa.update(Attempt)
+        .where(
+            Attempt.run_id == fence.run_id,
+            Attempt.generation == fence.generation,
+            Attempt.lease_token == fence.lease_token,
+        )
+        .values(lease_expires_at=db_now(lease_seconds))
+    )

@@ -1,0 +1,1 @@
+"""Maintenance run by `celery -A tasks beat`: outbox sweep, reaper, sandbox GC."""

@@ -1,0 +1,100 @@
+"""Sandbox GC (SPEC 4.12): delete listed sandboxes that nothing current owns.
+
+A sandbox is kept only while it is recorded live for the current, active attempt
+of a non-terminal run, or is younger than the grace period (it may be between
+the provider's create and our record of it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+
+from models import Attempt, Run, RuntimeResource, db_now
+from tasks.constants import (
+    ATTEMPT_ACTIVE,
+    LABEL_GENERATION,
+    LABEL_MANAGED,
+    LABEL_RUN,
+    RESOURCE_DELETED,
+    RESOURCE_LIVE,
+    TERMINAL_STATUSES,
+)
+from tasks.db import session_scope
+from tasks.sandbox import SandboxProvider, SandboxRef
+
+log = logging.getLogger("playrun.gc")
+
+
+@dataclass
+class GcReport:
+    listed: int = 0
+    kept: int = 0
+    young: int = 0
+    deleted: list[tuple[str, str, str]] = field(default_factory=list)  # provider, id, why
+    failed: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def verdict(ref: SandboxRef) -> str | None:
+    """Why this sandbox should go, or None to keep it."""
+    run_id = ref.labels.get(LABEL_RUN)
+    try:
+        generation = int(ref.labels.get(LABEL_GENERATION, ""))
+    except ValueError:
+        return "no owner: unreadable generation label"
+    with session_scope() as session:
+        run = session.get(Run, run_id) if run_id else None
+        if run is None:
+            return "no owner: no such run"
+        if run.status in TERMINAL_STATUSES:
+            return f"run is {run.status}"
+        attempt = session.scalars(sa.select(Attempt).where(
+            Attempt.run_id == run.id, Attempt.generation == generation)).first()
+        if (attempt is None or attempt.state != ATTEMPT_ACTIVE
+                or generation != run.current_generation):
+            return "attempt is fenced out"
+        record = session.scalars(sa.select(RuntimeResource).where(
+            RuntimeResource.provider == ref.provider,
+            RuntimeResource.sandbox_id == ref.sandbox_id)).first()
+        if record is None:
+            return "no record owns it"
+        if record.state != RESOURCE_LIVE:
+            return f"recorded as {record.state}"
+        return None
+
+
+def _mark_deleted(provider: str, sandbox_id: str) -> None:
+    with session_scope() as session:
+        session.execute(sa.update(RuntimeResource).where(
+            RuntimeResource.provider == provider, RuntimeResource.sandbox_id == sandbox_id,
+            RuntimeResource.state != RESOURCE_DELETED,
+        ).values(state=RESOURCE_DELETED, deleted_at=db_now()))
+
+
+def collect(providers: list[SandboxProvider], grace_s: float, *,
+            now: float | None = None) -> GcReport:
+    report = GcReport()
+    now = time.time() if now is None else now
+    for provider in providers:
+        for ref in provider.list({LABEL_MANAGED: "1"}):
+            report.listed += 1
+            if now - ref.created_at < grace_s:
+                report.young += 1
+                continue
+            why = verdict(ref)
+            if why is None:
+                report.kept += 1
+                continue
+            try:
+                provider.delete(ref.sandbox_id)
+            except Exception as exc:  # one bad sandbox must not stop the pass
+                log.warning("gc could not delete %s: %s", ref.sandbox_id, exc)
+                report.failed.append((provider.name, ref.sandbox_id, str(exc)))
+                continue
+            _mark_deleted(provider.name, ref.sandbox_id)
+            log.info("gc deleted %s/%s: %s", provider.name, ref.sandbox_id, why)
+            report.deleted.append((provider.name, ref.sandbox_id, why))
+    return report

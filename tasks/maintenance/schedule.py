@@ -1,0 +1,36 @@
+"""`celery -A tasks beat`: refuse to start on an old schema, then run the maintenance tasks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.beat import Scheduler
+
+from tasks.constants import QUEUE, TASK_REAP, TASK_SANDBOX_GC, TASK_SWEEP_OUTBOX
+from tasks.db import require_current_schema
+from tasks.errors import PlayrunError
+from tasks.settings import get_settings
+
+
+class CheckedScheduler(Scheduler):
+    """An in-memory scheduler (no schedule file) that checks the schema first."""
+
+    def setup_schedule(self) -> None:
+        try:
+            get_settings().check_for_server()
+            require_current_schema()
+        except PlayrunError as exc:
+            raise SystemExit(f"playrun beat refused to start: {exc}") from exc
+        settings = get_settings()
+        entries: dict[str, dict[str, Any]] = {
+            "playrun-sweep-outbox": {"task": TASK_SWEEP_OUTBOX,
+                                     "schedule": settings.sweep_interval_s},
+            "playrun-reap": {"task": TASK_REAP, "schedule": settings.reap_interval_s},
+            "playrun-sandbox-gc": {"task": TASK_SANDBOX_GC, "schedule": settings.gc_interval_s},
+        }
+        for entry in entries.values():
+            # Maintenance that misses its slot is just late; never let copies pile up.
+            entry["options"] = {"queue": QUEUE, "expires": entry["schedule"]}
+        self.app.conf.beat_schedule = {**entries, **(self.app.conf.beat_schedule or {})}
+        super().setup_schedule()
+        self.merge_inplace(self.app.conf.beat_schedule)

@@ -1,0 +1,138 @@
+"""The provider-neutral sandbox interface and its error taxonomy (SPEC 4.5)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from tasks.errors import PlayrunError
+
+ErrorKind = Literal["capacity_unavailable", "rate_limited", "transport", "not_found", "auth", "other"]
+ERROR_KINDS: tuple[ErrorKind, ...] = (
+    "capacity_unavailable",
+    "rate_limited",
+    "transport",
+    "not_found",
+    "auth",
+    "other",
+)
+
+
+class ProviderError(PlayrunError):
+    """The sandbox provider failed."""
+
+    code = "PROVIDER_ERROR"
+    kind: ErrorKind = "other"
+
+
+class CapacityUnavailableError(ProviderError):
+    """The provider has no capacity for another sandbox right now."""
+
+    code = "PROVIDER_CAPACITY_UNAVAILABLE"
+    kind: ErrorKind = "capacity_unavailable"
+
+
+class RateLimitedError(ProviderError):
+    """The provider rate-limited the request."""
+
+    code = "PROVIDER_RATE_LIMITED"
+    kind: ErrorKind = "rate_limited"
+
+
+class TransportError(ProviderError):
+    """The provider could not be reached or its answer was lost."""
+
+    code = "PROVIDER_TRANSPORT"
+    kind: ErrorKind = "transport"
+
+
+class SandboxNotFoundError(ProviderError):
+    """The sandbox does not exist."""
+
+    code = "SANDBOX_NOT_FOUND"
+    kind: ErrorKind = "not_found"
+
+
+class ProviderAuthError(ProviderError):
+    """The provider refused our credentials."""
+
+    code = "PROVIDER_AUTH"
+    kind: ErrorKind = "auth"
+
+
+_BY_KIND: dict[str, type[ProviderError]] = {
+    cls.kind: cls
+    for cls in (
+        ProviderError,
+        CapacityUnavailableError,
+        RateLimitedError,
+        TransportError,
+        SandboxNotFoundError,
+        ProviderAuthError,
+    )
+}
+
+
+def error_for_kind(kind: str, message: str = "") -> ProviderError:
+    """The ProviderError subclass instance for a kind name (unknown kinds map to 'other')."""
+    return _BY_KIND.get(kind, ProviderError)(message)
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    labels: Mapping[str, str]
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    memory_mb: int = 1024  # RLIMIT_AS
+    max_file_mb: int = 64  # RLIMIT_FSIZE
+    cpu_seconds: int | None = None  # RLIMIT_CPU; None: derived from the wall-clock timeout
+
+
+@dataclass(frozen=True)
+class SandboxRef:
+    provider: str
+    sandbox_id: str
+    labels: Mapping[str, str]
+    created_at: float  # unix seconds
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    # missing: the process is gone without an exit record (killed, lost, never started).
+    state: Literal["running", "exited", "missing"]
+    exit_code: int | None = None
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class FileRead:
+    data: bytes
+    size: int  # full size of the file
+    truncated: bool  # data was cut at max_bytes
+
+
+@runtime_checkable
+class SandboxProvider(Protocol):
+    name: str
+
+    def create(self, spec: SandboxSpec) -> SandboxRef: ...
+
+    def exec_detached(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        timeout_s: float,
+    ) -> None: ...
+
+    def poll(self, sandbox_id: str) -> ProcessStatus: ...
+
+    def read_file(
+        self, sandbox_id: str, path: str, *, offset: int = 0, max_bytes: int
+    ) -> FileRead | None: ...
+
+    def delete(self, sandbox_id: str) -> None: ...
+
+    def list(self, labels: Mapping[str, str]) -> builtins.list[SandboxRef]: ...

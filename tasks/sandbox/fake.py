@@ -1,0 +1,164 @@
+"""The `fake` provider: the local provider plus a fault script shared by every process.
+
+Tests and benchmarks script faults in `<root>/fake-script.json`; worker subprocesses consume
+them under an flock, so each scripted fault is used exactly once fleet-wide (SPEC 4.5).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tasks.constants import RESULT_FILE
+from tasks.sandbox.base import (
+    ERROR_KINDS,
+    CapacityUnavailableError,
+    SandboxRef,
+    SandboxSpec,
+    error_for_kind,
+)
+from tasks.sandbox.local import LocalProvider
+
+SCRIPT_FILE = "fake-script.json"
+LOCK_FILE = "fake-script.lock"
+MAX_CREATE_TIMES = 10_000
+NO_CAPACITY_MESSAGE = "no capacity"
+SCRIPTABLE_KINDS = tuple(kind for kind in ERROR_KINDS if kind != "not_found")
+
+
+def _initial_state() -> dict[str, Any]:
+    return {
+        "fail_creates": [],
+        "latency_ms": 0,
+        "max_creates_per_s": None,
+        "lose_runner": 0,
+        "creates_ok": 0,
+        "creates_rejected": {},
+        "create_times": [],
+        "runners_lost": 0,
+    }
+
+
+class FakeScript:
+    """Read and change the fault script; every access holds an flock on a sidecar file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.path = self.root / SCRIPT_FILE
+
+    @contextmanager
+    def _locked(self, *, write: bool) -> Iterator[dict[str, Any]]:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+            state = _initial_state()
+            try:
+                state.update(json.loads(self.path.read_bytes()))
+            except FileNotFoundError:
+                pass
+            yield state
+            if write:
+                tmp = self.path.with_name(f".{SCRIPT_FILE}.tmp")
+                tmp.write_text(json.dumps(state))
+                os.replace(tmp, self.path)
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def set(
+        self,
+        *,
+        fail_creates: Sequence[str] = (),
+        latency_ms: int = 0,
+        max_creates_per_s: float | None = None,
+        lose_runner: int = 0,
+    ) -> None:
+        """Replace the script (counters are kept; `reset` clears them too)."""
+        unknown = [kind for kind in fail_creates if kind not in SCRIPTABLE_KINDS]
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; use {SCRIPTABLE_KINDS}")
+        with self._locked(write=True) as state:
+            state["fail_creates"] = list(fail_creates)
+            state["latency_ms"] = int(latency_ms)
+            state["max_creates_per_s"] = max_creates_per_s
+            state["lose_runner"] = int(lose_runner)
+
+    def reset(self) -> None:
+        with self._locked(write=True) as state:
+            state.clear()
+            state.update(_initial_state())
+
+    def state(self) -> dict[str, Any]:
+        with self._locked(write=False) as state:
+            return state
+
+    def admit_create(self) -> None:
+        """Decide one create: pop a scripted fault or enforce the rate, else record it."""
+        with self._locked(write=False) as state:
+            latency_ms = int(state["latency_ms"])
+        if latency_ms > 0:
+            time.sleep(latency_ms / 1000.0)
+        with self._locked(write=True) as state:
+            now = time.time()
+            kind: str | None = None
+            if state["fail_creates"]:
+                kind = str(state["fail_creates"].pop(0))
+            else:
+                limit = state["max_creates_per_s"]
+                recent = sum(1 for t in state["create_times"] if t > now - 1.0)
+                if limit is not None and recent >= limit:
+                    kind = "capacity_unavailable"
+            if kind is None:
+                state["creates_ok"] += 1
+                state["create_times"] = (state["create_times"] + [now])[-MAX_CREATE_TIMES:]
+            else:
+                rejected = state["creates_rejected"]
+                rejected[kind] = rejected.get(kind, 0) + 1
+        if kind == "capacity_unavailable":
+            raise CapacityUnavailableError(NO_CAPACITY_MESSAGE)
+        if kind is not None:
+            raise error_for_kind(kind, f"scripted {kind} fault")
+
+    def take_lost_runner(self) -> bool:
+        with self._locked(write=True) as state:
+            if state["lose_runner"] > 0:
+                state["lose_runner"] -= 1
+                state["runners_lost"] += 1
+                return True
+        return False
+
+
+class FakeProvider(LocalProvider):
+    """Executes exactly like `local`; creates and launches consult the fault script first."""
+
+    name = "fake"
+    id_prefix = "fsb"
+
+    def __init__(self, root: Path, *, pid_namespace: bool | None = None) -> None:
+        super().__init__(root, pid_namespace=pid_namespace)
+        self.script = FakeScript(root)
+
+    def create(self, spec: SandboxSpec) -> SandboxRef:
+        self.script.admit_create()
+        return super().create(spec)
+
+    def exec_detached(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        timeout_s: float,
+    ) -> None:
+        lose = self.script.take_lost_runner()
+        super().exec_detached(sandbox_id, argv, env=env, timeout_s=timeout_s)
+        if lose:
+            # A lost runner: its whole tree dies before it can leave an exit record or result.
+            self.kill(sandbox_id)
+            (self.root / sandbox_id / RESULT_FILE).unlink(missing_ok=True)

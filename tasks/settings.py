@@ -1,0 +1,100 @@
+"""Settings, read once from PLAYRUN_* environment variables (SPEC section 5)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tasks.constants import DEV_SECRET_KEY
+from tasks.errors import ConfigurationError
+
+_HOME = Path.home() / ".playrun"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PLAYRUN_", extra="ignore", frozen=True)
+
+    database_url: str = f"sqlite:///{_HOME / 'playrun.db'}"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    gateway_url: str = "http://127.0.0.1:8765"
+    secret_key: str = DEV_SECRET_KEY
+    sandbox_provider: str = "local"
+    sandbox_root: Path = _HOME / "sandboxes"
+    org_capacity: int = Field(default=10, ge=0)
+    capacity_mode: Literal["enforce", "observe"] = "enforce"
+    # Seconds before an unreported reservation is released by the reaper.
+    capacity_reservation_ttl_s: float = 120.0
+
+    # Attempt lease: renewed by the watcher; the reaper recovers expired ones.
+    lease_seconds: float = Field(default=60.0, gt=0)
+    # Runner wall-clock limit per run, and how long after it we call the runner lost.
+    run_timeout_s: float = Field(default=600.0, gt=0)
+    heartbeat_grace_s: float = Field(default=30.0, gt=0)
+    # How long a watch task polls in place before handing off to a countdown.
+    watch_inline_s: float = Field(default=2.0, ge=0)
+    watch_interval_s: float = Field(default=1.0, gt=0)
+    sandbox_memory_mb: int = Field(default=1024, gt=0)
+    sandbox_max_file_mb: int = Field(default=64, gt=0)
+
+    # Start-rate bucket defaults, per provider (SPEC 4.3).
+    start_rate_initial_per_min: float = Field(default=60.0, gt=0)
+    start_rate_max_per_min: float = Field(default=600.0, gt=0)
+    start_rate_floor_per_min: float = Field(default=6.0, gt=0)
+    start_rate_increase_per_min: float = Field(default=6.0, ge=0)
+    start_rate_decrease_factor: float = Field(default=0.5, gt=0, lt=1)
+    start_rate_cooldown_ms: int = Field(default=15_000, ge=0)
+    start_rate_global_max_per_min: float | None = None
+    # Waits at most this long in place for a permit; longer waits defer the attempt.
+    start_local_sleep_ms: int = Field(default=1000, ge=0)
+
+    # Bounded deferral of pre-code failures (SPEC 4.6).
+    deferral_max_count: int = Field(default=20, ge=0)
+    deferral_max_total_s: float = Field(default=1800.0, ge=0)
+    deferral_base_ms: int = Field(default=1000, ge=1)
+    deferral_max_ms: int = Field(default=60_000, ge=1)
+    # Longest Celery countdown the code uses; longer waits go through the database.
+    max_countdown_s: float = Field(default=30.0, gt=0)
+    # Broker visibility timeout; must exceed every countdown (checked below).
+    visibility_timeout_s: float = Field(default=3600.0, gt=0)
+
+    # Maintenance cadence for `celery beat`.
+    sweep_interval_s: float = Field(default=5.0, gt=0)
+    reap_interval_s: float = Field(default=10.0, gt=0)
+    gc_interval_s: float = Field(default=60.0, gt=0)
+    gc_grace_s: float = Field(default=60.0, ge=0)
+    outbox_resend_after_s: float = Field(default=10.0, ge=0)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.database_url.startswith("postgresql")
+
+    def check(self) -> "Settings":
+        if self.visibility_timeout_s <= self.max_countdown_s * 2:
+            raise ConfigurationError(
+                "PLAYRUN_VISIBILITY_TIMEOUT_S must exceed twice PLAYRUN_MAX_COUNTDOWN_S",
+            )
+        return self
+
+    def check_for_server(self) -> "Settings":
+        """Workers and the gateway refuse the development secret on PostgreSQL."""
+        self.check()
+        if self.is_postgres and self.secret_key == DEV_SECRET_KEY:
+            raise ConfigurationError(
+                "PLAYRUN_SECRET_KEY is the built-in development secret; set a real one "
+                "before running against PostgreSQL",
+            )
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings().check()
+
+
+def reset_settings() -> None:
+    """Forget the cached settings (tests and the demo set variables first)."""
+    get_settings.cache_clear()

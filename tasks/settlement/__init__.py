@@ -1,0 +1,1 @@
+"""Settlement: the first fenced terminal write wins; later ones report what won."""

@@ -1,0 +1,63 @@
+"""Outcomes, and reading a runner's result file into one (pushed or read, same path)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.constants import (
+    FAILED,
+    MAX_OUTPUT_BYTES,
+    OUTPUT_INVALID,
+    RUN_TIMEOUT,
+    RUNTIME_RUNNER_LOST,
+    SUCCEEDED,
+)
+
+_KNOWN_CODES = frozenset({
+    "PLAY_NOT_FOUND", "PLAY_INVALID", "PLAY_ERROR", "OUTPUT_INVALID", "INPUT_INVALID",
+    "RUN_TIMEOUT",
+})
+MAX_ERROR_CHARS = 8192
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    code: str | None = None
+    error: str | None = None
+    output: Any = None
+
+    @classmethod
+    def failed(cls, code: str, error: str) -> "Outcome":
+        return cls(FAILED, code, error[:MAX_ERROR_CHARS])
+
+
+def from_result(raw: bytes, *, truncated: bool = False) -> Outcome:
+    """Turn a runner's result document into an outcome; anything malformed is OUTPUT_INVALID."""
+    if truncated:
+        return Outcome.failed(OUTPUT_INVALID, "the play's result is larger than the limit")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Outcome.failed(OUTPUT_INVALID, f"the result file is not JSON: {exc}")
+    if not isinstance(doc, dict):
+        return Outcome.failed(OUTPUT_INVALID, "the result file is not a JSON object")
+    if doc.get("status") == SUCCEEDED and "output" in doc:
+        size = len(json.dumps(doc["output"], separators=(",", ":")).encode())
+        if size > MAX_OUTPUT_BYTES:
+            return Outcome.failed(OUTPUT_INVALID, f"output is {size} bytes; limit {MAX_OUTPUT_BYTES}")
+        return Outcome(SUCCEEDED, output=doc["output"])
+    if doc.get("status") == FAILED and isinstance(doc.get("code"), str):
+        code = doc["code"] if doc["code"] in _KNOWN_CODES else "PLAY_ERROR"
+        return Outcome.failed(code, str(doc.get("error") or code))
+    return Outcome.failed(OUTPUT_INVALID, "the result file has an unknown shape")
+
+
+def without_result(exit_code: int | None, timed_out: bool) -> Outcome:
+    """The runner ended, or vanished, and left no result behind."""
+    if timed_out:
+        return Outcome.failed(RUN_TIMEOUT, "the play ran past its time limit and was stopped")
+    how = "vanished" if exit_code is None else f"exited with code {exit_code}"
+    return Outcome.failed(RUNTIME_RUNNER_LOST, f"the runner {how} without a result")

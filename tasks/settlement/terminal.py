@@ -1,0 +1,79 @@
+"""The terminal write: first fenced write wins; the outcome never changes after."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from models import Run, db_now
+from tasks import ledger
+from tasks.constants import ATTEMPT_ENDED, TERMINAL_EVENT, TERMINAL_STATUSES
+from tasks.db import session_scope
+from tasks.fence import Fence, hold, lock_run
+from tasks.notify import run_settled
+from tasks.settlement.outcome import Outcome
+
+
+@dataclass(frozen=True)
+class Settled:
+    won: bool
+    outcome: Outcome
+
+
+def _current(run: Run) -> Outcome:
+    return Outcome(run.status, run.code, run.error, run.output)
+
+
+def write_terminal(session: Session, run: Run, outcome: Outcome, generation: int | None) -> None:
+    """Write the terminal fields and event; the caller holds the run lock (and the fence)."""
+    run.status = outcome.status
+    run.code = outcome.code
+    run.error = outcome.error
+    run.output = outcome.output
+    run.finished_at = db_now()  # type: ignore[assignment]
+    run.updated_at = db_now()  # type: ignore[assignment]
+    run.deferred_until = None
+    ledger.append(session, run.id, TERMINAL_EVENT[outcome.status],
+                  {"code": outcome.code, "error": outcome.error}, generation)
+
+
+def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
+    """Settle the run for this attempt. Raises FenceLostError if the attempt is not current
+    and the run is not terminal; if a terminal already won, reports it (won=False)."""
+    with session_scope() as session:
+        run = lock_run(session, fence.run_id)
+        if run is not None and run.status in TERMINAL_STATUSES:
+            return Settled(False, _current(run))
+        run, attempt = hold(session, fence)
+        attempt.state = ATTEMPT_ENDED
+        attempt.end_reason = reason
+        attempt.ended_at = db_now()  # type: ignore[assignment]
+        write_terminal(session, run, outcome, fence.generation)
+    run_settled(fence.run_id, outcome.status)
+    return Settled(True, outcome)
+
+
+def settle_unattended(run_id: str, outcome: Outcome) -> Settled:
+    """Settle a run that has no active attempt (cancelled while queued or deferred)."""
+    from tasks.constants import ATTEMPT_ACTIVE
+    from models import Attempt
+    import sqlalchemy as sa
+
+    with session_scope() as session:
+        run = lock_run(session, run_id)
+        if run is None:
+            raise LookupError(run_id)
+        if run.status in TERMINAL_STATUSES:
+            return Settled(False, _current(run))
+        active = session.scalar(sa.select(sa.func.count()).where(
+            Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE))
+        if active:
+            return Settled(False, _current(run))
+        session.execute(sa.update(Attempt).where(
+            Attempt.run_id == run_id, Attempt.state != ATTEMPT_ENDED
+        ).values(state=ATTEMPT_ENDED, end_reason=outcome.code or outcome.status,
+                 ended_at=db_now()))
+        write_terminal(session, run, outcome, None)
+    run_settled(run_id, outcome.status)
+    return Settled(True, outcome)

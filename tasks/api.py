@@ -22,7 +22,7 @@ from tasks.constants import (
     KEY_RUN_DONE,
     TERMINAL_STATUSES,
 )
-from tasks.db import session_scope
+from tasks.db import ensure_schema_once, session_scope
 from tasks.errors import RunNotFoundError, RunWaitTimeoutError
 from tasks.fence import lock_run
 from tasks.notify import redis_client
@@ -125,6 +125,7 @@ def submit_run(play: str | Path, input: Any = None, *, org_id: str,
     """Admit a run; with a key already used by this org, return that run and write nothing."""
     from tasks.app import app
 
+    ensure_schema_once()
     admitted = admit(play, input, org_id, idempotency_key)
     if admitted.outbox_id is not None:
         try:
@@ -146,6 +147,7 @@ def _view(run: Run, attempts: list[Attempt]) -> RunView:
 
 
 def get_run(run_id: str) -> RunView:
+    ensure_schema_once()
     with session_scope() as session:
         run = session.get(Run, run_id)
         if run is None:
@@ -164,6 +166,7 @@ def list_runs(limit: int = 50, org_id: str | None = None) -> list[RunView]:
 
 
 def run_events(run_id: str) -> list[ledger.Event]:
+    ensure_schema_once()
     with session_scope() as session:
         if session.get(Run, run_id) is None:
             raise RunNotFoundError(f"no run with id {run_id!r}")
@@ -172,6 +175,7 @@ def run_events(run_id: str) -> list[ledger.Event]:
 
 def cancel_run(run_id: str) -> RunView:
     """Ask for cancellation; the outcome is `cancelled` unless a terminal already won."""
+    ensure_schema_once()
     with session_scope() as session:
         run = lock_run(session, run_id)
         if run is None:

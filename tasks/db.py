@@ -126,3 +126,15 @@ def require_current_schema(url: str | None = None) -> None:
             f"database is at revision {current or 'none'}, code needs {head}; "
             "run `playrun db upgrade`"
         )
+
+
+_checked: set[tuple[int, str]] = set()
+
+
+def ensure_schema_once(url: str | None = None) -> None:
+    """App-code entry points check the schema once per process, for a clear error."""
+    url = url or get_settings().database_url
+    key = (os.getpid(), url)
+    if key not in _checked:
+        require_current_schema(url)
+        _checked.add(key)

@@ -1,43 +1,161 @@
-"""Shared fixtures: a private Redis db number and a fresh PostgreSQL database per session."""
+"""Shared fixtures on this machine's real services.
+
+At import (before `tasks` is imported, since Celery reads its broker then) the
+session claims a private Redis db number and names a fresh PostgreSQL database;
+the database is created and migrated with Alembic on first use, dropped at the end.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 REDIS_BASE = os.environ.get("PLAYRUN_TEST_REDIS", "redis://127.0.0.1:6379")
+PG_BASE = os.environ.get("PLAYRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+ROOT = Path(__file__).resolve().parent.parent
+SESSION_MARK = "playrun:test-session"
 
 
 def _claim_redis_db() -> int:
     """Take the first Redis db (1..15) no other test session holds."""
     for db in range(1, 16):
         client = redis.Redis.from_url(f"{REDIS_BASE}/{db}")
-        if client.set("playrun:test-session", os.getpid(), nx=True, ex=3600):
+        if client.set(SESSION_MARK, os.getpid(), nx=True, ex=6 * 3600):
             client.close()
             return db
         client.close()
     raise RuntimeError("no free Redis db number between 1 and 15")
 
 
+REDIS_DB = _claim_redis_db()
+TEST_REDIS_URL = f"{REDIS_BASE}/{REDIS_DB}"
+PG_NAME = f"playrun_test_{os.getpid()}_{secrets.token_hex(3)}"
+TEST_PG_URL = f"{PG_BASE}/{PG_NAME}"
+SANDBOX_ROOT = Path(tempfile.mkdtemp(prefix="playrun-test-sb-"))
+
+BASE_ENV = {
+    "PLAYRUN_REDIS_URL": TEST_REDIS_URL,
+    "PLAYRUN_DATABASE_URL": TEST_PG_URL,
+    "PLAYRUN_SECRET_KEY": "test-secret-" + secrets.token_hex(8),
+    "PLAYRUN_SANDBOX_ROOT": str(SANDBOX_ROOT),
+    "PLAYRUN_LEASE_SECONDS": "20",
+    "PLAYRUN_RUN_TIMEOUT_S": "60",
+    "PLAYRUN_GC_GRACE_S": "0",
+}
+os.environ.update(BASE_ENV)
+
+
+def _psql(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_BASE.replace("+psycopg", "") + "/postgres", autocommit=True) as c:
+        c.execute(sql)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    db = _claim_redis_db()
-    url = f"{REDIS_BASE}/{db}"
-    yield url
-    client = redis.Redis.from_url(url)
+    yield TEST_REDIS_URL
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cleanup() -> Iterator[None]:
+    yield
+    client = redis.Redis.from_url(TEST_REDIS_URL)
     client.flushdb()
     client.close()
+    shutil.rmtree(SANDBOX_ROOT, ignore_errors=True)
 
 
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator["redis.Redis[bytes]"]:
     client: redis.Redis[bytes] = redis.Redis.from_url(redis_url)
     yield client
-    # Keep the session marker; drop everything a test left behind.
     for key in client.scan_iter(match="*"):
-        if key != b"playrun:test-session":
+        if key != SESSION_MARK.encode() and not key.startswith(b"_kombu") \
+                and key not in (b"playrun", b"unacked", b"unacked_index"):
             client.delete(key)
     client.close()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for the session, migrated to head by Alembic."""
+    _psql(f'CREATE DATABASE "{PG_NAME}"')
+    from tasks import db
+
+    db.upgrade(TEST_PG_URL)
+    yield TEST_PG_URL
+    db.dispose_engines()
+    _psql(f'DROP DATABASE IF EXISTS "{PG_NAME}" WITH (FORCE)')
+
+
+def worker_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLAYRUN_")}
+    env.update(BASE_ENV)
+    env.update(overrides)
+    return env
+
+
+class Worker:
+    """A real `celery -A tasks worker` subprocess."""
+
+    def __init__(self, env: dict[str, str], *, concurrency: int = 2, beat: bool = False,
+                 log_path: Path | None = None) -> None:
+        self.name = f"w{secrets.token_hex(4)}@test"
+        self.log_path = log_path or Path(tempfile.mktemp(prefix="playrun-worker-", suffix=".log"))
+        args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-n", self.name,
+                f"--concurrency={concurrency}", "--loglevel=INFO", "--without-mingle",
+                "--without-gossip"]
+        if beat:
+            args.append("--beat")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, env=env, cwd=str(ROOT), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {self.output()[-3000:]}")
+            if b"ready." in self.log_path.read_bytes():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"worker not ready: {self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def child_pids(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self, sig: int = 15) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def worker(pg_url: str) -> Iterator[Worker]:
+    w = Worker(worker_env())
+    w.wait_ready()
+    yield w
+    w.stop()
+
+
+PLAYS = ROOT / "tests" / "plays"

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.acquisition.startrate import LocalStartRateLimiter, RateRule, rules_for
-from tasks.acquisition.startrate import maths
+from tasks.acquisition.startrate import LocalStartRateLimiter, RateRule, maths, rules_for
 from tasks.acquisition.startrate.maths import MPM, Params, State
 from tasks.settings import Settings
 
@@ -129,7 +129,7 @@ def test_grants_are_paced_and_never_burst() -> None:
             scheduled.append(d.scheduled_at_ms)
     # Only the horizon (1 s) fills: 100 ms apart, eleven slots from now to now + 1 s.
     assert len(scheduled) == 11
-    assert all(b - a == 100 for a, b in zip(scheduled, scheduled[1:]))
+    assert all(b - a == 100 for a, b in itertools.pairwise(scheduled))
 
 
 def test_denial_reserves_nothing_and_wait_is_exact_to_the_ms() -> None:
@@ -168,8 +168,8 @@ def test_cut_once_per_epoch_floor_and_cooldown() -> None:
 
 def test_penalty_newer_than_state_after_key_loss_counts_once() -> None:
     sim = Sim([provider_params()])
-    assert sim.penalize(permit_epoch=7, cooldown_ms=0).epoch == 8  # keys were lost at 7
-    assert not sim.penalize(permit_epoch=7, cooldown_ms=0).applied
+    assert sim.penalize(7, cooldown_ms=0).epoch == 8  # keys were lost at 7
+    assert not sim.penalize(7, cooldown_ms=0).applied
 
 
 def test_override_replaces_rate_and_keeps_adaptive_state() -> None:
@@ -247,7 +247,7 @@ def test_local_fallback_paces_at_initial_rate_without_growth() -> None:
             got.append(permit.scheduled_at_ms)
         else:
             now[0] = (permit.server_now_ms + permit.wait_ms) * 1000
-    assert all(b - a == 1000 for a, b in zip(got, got[1:]))
+    assert all(b - a == 1000 for a, b in itertools.pairwise(got))
     assert local.acquire("daytona", [rules_for(DEFAULTS, "x", 600)[0]]).rate == 600.0
     penalty = local.penalize("daytona", [rule], 0, cooldown_ms=5_000)
     assert penalty.applied and penalty.rate == 60.0  # pinned: no cut, but a cooldown

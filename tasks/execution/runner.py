@@ -206,9 +206,7 @@ class Runner:
     def fail(self, code: str, error: str) -> bool:
         if len(error) > MAX_ERROR_CHARS:
             error = error[: MAX_ERROR_CHARS - 20] + "\n...[truncated]"
-        return self.settle(
-            json.dumps({"status": "failed", "code": code, "error": error}).encode()
-        )
+        return self.settle(json.dumps({"status": "failed", "code": code, "error": error}).encode())
 
     # --- timeouts -----------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 from tasks.errors import PlayrunError
 
-ErrorKind = Literal["capacity_unavailable", "rate_limited", "transport", "not_found", "auth", "other"]
+ErrorKind = Literal[
+    "capacity_unavailable", "rate_limited", "transport", "not_found", "auth", "other"
+]
 ERROR_KINDS: tuple[ErrorKind, ...] = (
     "capacity_unavailable",
     "rate_limited",

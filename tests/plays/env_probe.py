@@ -1,0 +1,5 @@
+import os
+
+
+def run(ctx, input):
+    return {k: v for k, v in os.environ.items()}

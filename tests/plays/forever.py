@@ -1,0 +1,7 @@
+import time
+
+
+def run(ctx, input):
+    ctx.log("looping")
+    while True:
+        time.sleep(0.1)

@@ -1,0 +1,2 @@
+def main(ctx, input):
+    return 1

@@ -1,0 +1,2 @@
+def run(ctx, input):
+    return {"a set": {1, 2, 3}}

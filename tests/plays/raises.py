@@ -1,0 +1,3 @@
+def run(ctx, input):
+    ctx.log("about to fail")
+    raise ValueError("the customer code broke")

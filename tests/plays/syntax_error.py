@@ -1,0 +1,2 @@
+def run(ctx, input)
+    return 1

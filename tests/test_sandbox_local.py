@@ -1,0 +1,316 @@
+"""The local provider with real processes: isolation, limits, polling and teardown."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.errors import ConfigurationError
+from tasks.sandbox import (
+    LocalProvider,
+    ProcessStatus,
+    ProviderError,
+    SandboxNotFoundError,
+    SandboxSpec,
+    get_provider,
+)
+from tasks.sandbox import supervisor as sup
+from tasks.sandbox.local import pid_namespace_command
+
+RUNNER = (Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py").read_bytes()
+PIDNS_MODES = [
+    pytest.param(True, id="pidns"),
+    pytest.param(False, id="pgroup"),
+]
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[LocalProvider]:
+    prov = LocalProvider(tmp_path / "sandboxes")
+    yield prov
+    for ref in prov.list({}):
+        prov.delete(ref.sandbox_id)
+
+
+def wait_exit(prov: LocalProvider, sandbox_id: str, within: float = 15.0) -> ProcessStatus:
+    deadline = time.monotonic() + within
+    while True:
+        status = prov.poll(sandbox_id)
+        if status.state != "running" or time.monotonic() > deadline:
+            return status
+        time.sleep(0.01)
+
+
+def play_sandbox(prov: LocalProvider, source: str, input_data: Any = None, **spec: Any) -> str:
+    files = {
+        "runner.py": RUNNER,
+        "play.py": source.encode(),
+        "input.json": json.dumps(input_data).encode(),
+    }
+    return prov.create(SandboxSpec(labels={"playrun": "1"}, files=files, **spec)).sandbox_id
+
+
+def run_play(
+    prov: LocalProvider,
+    source: str,
+    input_data: Any = None,
+    *,
+    env: dict[str, str] | None = None,
+    **spec: Any,
+) -> tuple[str, ProcessStatus, dict[str, Any]]:
+    sid = play_sandbox(prov, source, input_data, **spec)
+    argv = ["{python}", "runner.py", "--timeout", "10"]
+    prov.exec_detached(sid, argv, env=env or {}, timeout_s=20)
+    status = wait_exit(prov, sid)
+    read = prov.read_file(sid, "result.json", max_bytes=2 << 20)
+    assert read is not None, prov.read_file(sid, ".playrun/console.log", max_bytes=10000)
+    return sid, status, json.loads(read.data)
+
+
+def find_pids(marker: str) -> set[int]:
+    """Outer pids of processes whose command line contains marker (works across PID ns)."""
+    return {
+        int(e.name)
+        for e in os.scandir("/proc")
+        if e.name.isdigit() and any(marker in a for a in sup.read_cmdline(int(e.name)))
+    }
+
+
+def wait_for(predicate: Any, within: float = 10.0) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("condition not reached in time")
+
+
+def test_create_exec_poll_exit_code(provider: LocalProvider) -> None:
+    ref = provider.create(SandboxSpec(labels={"playrun": "1", "k": "v"}, files={"a/b.txt": b"x"}))
+    assert ref.provider == "local" and ref.sandbox_id.startswith("lsb-")
+    sandbox = provider.root / ref.sandbox_id
+    assert (sandbox.stat().st_mode & 0o777) == 0o700
+    assert (sandbox / "a" / "b.txt").read_bytes() == b"x"
+    code = "import sys, time; time.sleep(0.3); sys.exit(7)"
+    provider.exec_detached(ref.sandbox_id, ["{python}", "-c", code], env={}, timeout_s=10)
+    assert provider.poll(ref.sandbox_id).state == "running"
+    assert wait_exit(provider, ref.sandbox_id) == ProcessStatus("exited", 7, False)
+    with pytest.raises(ProviderError):
+        provider.exec_detached(ref.sandbox_id, ["true"], env={}, timeout_s=1)
+
+
+def test_runner_through_provider(provider: LocalProvider) -> None:
+    src = "def run(ctx, input):\n    ctx.log('hi', n=input['n'])\n    return input['n'] * 2\n"
+    sid, status, result = run_play(provider, src, {"n": 21}, env={"PLAYRUN_RUN_ID": "r-9"})
+    assert status == ProcessStatus("exited", 0, False)
+    assert result == {"status": "succeeded", "output": 42}
+    events = provider.read_file(sid, "events.jsonl", max_bytes=10000)
+    assert events is not None and json.loads(events.data)["fields"] == {"n": 21}
+
+
+def test_environment_is_scrubbed(provider: LocalProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAYRUN_DATABASE_URL", "postgresql://user:pw@db/playrun")
+    monkeypatch.setenv("SECRET", "hunter2")
+    monkeypatch.setenv("PYTHONPATH", "/nowhere")
+    src = (
+        "import os, sys\n"
+        "def run(ctx, input):\n"
+        "    return {'env': dict(os.environ), 'cwd': os.getcwd(), 'prefix': sys.prefix,\n"
+        "            'flags': [sys.flags.ignore_environment, sys.flags.no_user_site]}\n"
+    )
+    sid, _, result = run_play(provider, src, env={"PLAYRUN_RUN_ID": "r-1"})
+    out = result["output"]
+    sandbox = str(provider.root / sid)
+    assert out["env"] == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": sandbox,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PLAYRUN_RUN_ID": "r-1",
+    }
+    assert out["cwd"] == sandbox
+    assert out["prefix"] == sys.prefix  # -s -E keep the venv usable
+    assert out["flags"] == [1, 1]
+
+
+@pytest.mark.parametrize("pidns", PIDNS_MODES)
+def test_delete_kills_the_whole_tree(tmp_path: Path, pidns: bool) -> None:
+    if pidns and not pid_namespace_command():
+        pytest.skip("no PID namespaces on this machine")
+    prov = LocalProvider(tmp_path / "sb", pid_namespace=pidns)
+    tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
+    src = (
+        "import subprocess, time\n"
+        "def run(ctx, input):\n"
+        f"    subprocess.Popen(['sleep', '1{tag}'])\n"
+        f"    subprocess.Popen(['sleep', '2{tag}'], start_new_session=True)\n"
+        f"    subprocess.Popen(['sh', '-c', 'sleep 3{tag} & exec sleep 4{tag}'])\n"
+        "    open('ready', 'w').close()\n"
+        "    time.sleep(1000)\n"
+    )
+    sid = play_sandbox(prov, src)
+    prov.exec_detached(sid, ["{python}", "runner.py", "--timeout", "100"], env={}, timeout_s=100)
+    wait_for(lambda: prov.read_file(sid, "ready", max_bytes=1) is not None)
+
+    def all_four() -> set[int] | None:
+        found = find_pids(tag)
+        return found if len(found) == 4 else None
+
+    pids: set[int] = wait_for(all_four)
+    tops = prov._sandbox_processes(prov.root / sid)
+    assert tops
+    prov.delete(sid)
+    assert not any(sup.is_live(pid) for pid in pids | tops)
+    assert not find_pids(tag)
+    assert not (prov.root / sid).exists()
+    with pytest.raises(SandboxNotFoundError):
+        prov.poll(sid)
+    prov.delete(sid)  # idempotent
+
+
+def test_delete_unknown_is_success(provider: LocalProvider) -> None:
+    provider.delete("lsb-0123456789abcdef")
+    provider.delete("../../etc")
+    with pytest.raises(SandboxNotFoundError):
+        provider.poll("lsb-0123456789abcdef")
+
+
+def test_list_by_labels(provider: LocalProvider) -> None:
+    a = provider.create(
+        SandboxSpec(labels={"playrun": "1", "playrun.run": "a", "o": "x"}, files={})
+    )
+    b = provider.create(
+        SandboxSpec(labels={"playrun": "1", "playrun.run": "b", "o": "x"}, files={})
+    )
+    provider.create(SandboxSpec(labels={"other": "1"}, files={}))
+    assert [r.sandbox_id for r in provider.list({"playrun": "1"})] == [a.sandbox_id, b.sandbox_id]
+    assert provider.list({"playrun.run": "b"}) == [b]
+    assert provider.list({"o": "x", "playrun.run": "a"}) == [a]
+    assert provider.list({"o": "y"}) == []
+    assert len(provider.list({})) == 3
+    assert LocalProvider(provider.root / "nope").list({}) == []
+
+
+def _poll_and_delete(root: str, sandbox_id: str, conn: Any) -> None:
+    prov = LocalProvider(Path(root))
+    conn.send(prov.poll(sandbox_id).state)
+    prov.delete(sandbox_id)
+    conn.send("deleted")
+
+
+def test_another_process_can_poll_and_delete(provider: LocalProvider) -> None:
+    sid = play_sandbox(provider, "import time\ndef run(ctx, input):\n    time.sleep(1000)\n")
+    provider.exec_detached(
+        sid, ["{python}", "runner.py", "--timeout", "100"], env={}, timeout_s=100
+    )
+    tops = provider._sandbox_processes(provider.root / sid)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_poll_and_delete, args=(str(provider.root), sid, child))
+    proc.start()
+    assert parent.recv() == "running"
+    assert parent.recv() == "deleted"
+    proc.join(10)
+    assert proc.exitcode == 0
+    assert not (provider.root / sid).exists()
+    assert not any(sup.is_live(pid) for pid in tops)
+
+
+def test_wall_clock_timeout_kills_a_play_ignoring_sigalrm(provider: LocalProvider) -> None:
+    sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.1)\n"
+        "time.sleep(1000)\n"
+    )
+    start = time.monotonic()
+    provider.exec_detached(sid, ["{python}", "-c", code], env={}, timeout_s=1)
+    status = wait_exit(provider, sid)
+    assert status == ProcessStatus("exited", -signal.SIGKILL, True)
+    assert 0.9 < time.monotonic() - start < 5
+
+
+def test_missing_when_supervisor_is_killed(provider: LocalProvider) -> None:
+    sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
+    provider.exec_detached(sid, ["sleep", "100"], env={}, timeout_s=100)
+    record = json.loads((provider.root / sid / ".playrun" / "proc.json").read_text())
+    os.killpg(record["pid"], signal.SIGKILL)
+    assert wait_for(lambda: provider.poll(sid).state == "missing")
+
+
+def test_memory_limit_makes_huge_allocation_fail(provider: LocalProvider) -> None:
+    src = "def run(ctx, input):\n    return len(bytearray(2 * 1024 ** 3))\n"
+    _, _, result = run_play(provider, src, memory_mb=256)
+    assert result["status"] == "failed" and result["code"] == "PLAY_ERROR"
+    assert result["error"].startswith("MemoryError")
+
+
+def test_file_size_limit(provider: LocalProvider) -> None:
+    src = "def run(ctx, input):\n    open('big', 'wb').write(b'x' * (3 * 1024 * 1024))\n"
+    _, _, result = run_play(provider, src, max_file_mb=1)
+    assert result["code"] == "PLAY_ERROR" and "File too large" in result["error"]
+
+
+def test_console_output_is_bounded(provider: LocalProvider) -> None:
+    src = "import os\ndef run(ctx, input):\n    os.write(1, b'z' * (3 * 1024 * 1024))\n"
+    sid, _, result = run_play(provider, src)
+    assert result["status"] == "succeeded"
+    console = provider.read_file(sid, ".playrun/console.log", max_bytes=4 << 20)
+    assert console is not None and console.size < 1024 * 1024 + 200
+    assert b"bytes dropped" in console.data
+
+
+def test_read_file_bounds_and_offsets(provider: LocalProvider) -> None:
+    sid = provider.create(SandboxSpec(labels={}, files={"d/f.txt": b"0123456789"})).sandbox_id
+    assert provider.read_file(sid, "d/f.txt", max_bytes=100) == _read(b"0123456789", 10, False)
+    assert provider.read_file(sid, "d/f.txt", max_bytes=4) == _read(b"0123", 10, True)
+    assert provider.read_file(sid, "./d/f.txt", offset=6, max_bytes=4) == _read(b"6789", 10, False)
+    assert provider.read_file(sid, "d/f.txt", offset=20, max_bytes=4) == _read(b"", 10, False)
+    assert provider.read_file(sid, "absent", max_bytes=4) is None
+    assert provider.read_file(sid, "d/f.txt/x", max_bytes=4) is None
+    with pytest.raises(SandboxNotFoundError):
+        provider.read_file("lsb-0123456789abcdef", "x", max_bytes=1)
+
+
+def _read(data: bytes, size: int, truncated: bool) -> Any:
+    from tasks.sandbox import FileRead
+
+    return FileRead(data, size, truncated)
+
+
+@pytest.mark.parametrize("path", ["../x", "d/../../x", "/etc/hostname", "", "link", "dlink/f"])
+def test_read_file_refuses_escapes(provider: LocalProvider, path: str) -> None:
+    sid = provider.create(SandboxSpec(labels={}, files={"d/f": b"x"})).sandbox_id
+    (provider.root / sid / "link").symlink_to("/etc/hostname")
+    (provider.root / sid / "dlink").symlink_to(provider.root / sid / "d")
+    with pytest.raises(ProviderError):
+        provider.read_file(sid, path, max_bytes=100)
+
+
+def test_create_refuses_escaping_files(provider: LocalProvider) -> None:
+    for name in ("../evil", "/tmp/evil", ".playrun/meta.json"):
+        with pytest.raises(ProviderError):
+            provider.create(SandboxSpec(labels={}, files={name: b"x"}))
+    assert provider.list({}) == []
+    assert [p.name for p in provider.root.iterdir()] == []
+
+
+def test_get_provider() -> None:
+    assert get_provider("local", Path("/tmp/x")).name == "local"
+    assert get_provider("fake", Path("/tmp/x")).name == "fake"
+    with pytest.raises(ConfigurationError):
+        get_provider("daytona-typo", Path("/tmp/x"))

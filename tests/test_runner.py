@@ -240,3 +240,16 @@ def test_exit_code_nonzero_when_result_cannot_be_written(tmp_path: Path) -> None
     )
     assert proc.returncode != 0
     assert b"cannot write result.json" in proc.stderr
+
+
+def test_forked_child_does_not_settle(tmp_path: Path) -> None:
+    src = (
+        "import os, time\n"
+        "def run(ctx, input):\n"
+        "    if os.fork() == 0:\n"
+        "        return 'child'\n"
+        "    time.sleep(0.3)\n"
+        "    return 'parent'\n"
+    )
+    result, _ = run_play(tmp_path, src)
+    assert result == {"status": "succeeded", "output": "parent"}

@@ -35,8 +35,11 @@ PIDNS_MODES = [
 
 
 @pytest.fixture
-def provider(tmp_path: Path) -> Iterator[LocalProvider]:
-    prov = LocalProvider(tmp_path / "sandboxes")
+def provider(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalProvider]:
+    pidns: bool | None = getattr(request, "param", None)
+    if pidns and not pid_namespace_command():
+        pytest.skip("no PID namespaces on this machine")
+    prov = LocalProvider(tmp_path / "sandboxes", pid_namespace=pidns)
     yield prov
     for ref in prov.list({}):
         prov.delete(ref.sandbox_id)
@@ -145,11 +148,9 @@ def test_environment_is_scrubbed(provider: LocalProvider, monkeypatch: pytest.Mo
     assert out["flags"] == [1, 1]
 
 
-@pytest.mark.parametrize("pidns", PIDNS_MODES)
-def test_delete_kills_the_whole_tree(tmp_path: Path, pidns: bool) -> None:
-    if pidns and not pid_namespace_command():
-        pytest.skip("no PID namespaces on this machine")
-    prov = LocalProvider(tmp_path / "sb", pid_namespace=pidns)
+@pytest.mark.parametrize("provider", PIDNS_MODES, indirect=True)
+def test_delete_kills_the_whole_tree(provider: LocalProvider) -> None:
+    prov = provider
     tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
     src = (
         "import subprocess, time\n"
@@ -228,6 +229,7 @@ def test_another_process_can_poll_and_delete(provider: LocalProvider) -> None:
     assert not any(sup.is_live(pid) for pid in tops)
 
 
+@pytest.mark.parametrize("provider", PIDNS_MODES, indirect=True)
 def test_wall_clock_timeout_kills_a_play_ignoring_sigalrm(provider: LocalProvider) -> None:
     sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
     code = (
@@ -244,12 +246,18 @@ def test_wall_clock_timeout_kills_a_play_ignoring_sigalrm(provider: LocalProvide
     assert 0.9 < time.monotonic() - start < 5
 
 
+@pytest.mark.parametrize("provider", PIDNS_MODES, indirect=True)
 def test_missing_when_supervisor_is_killed(provider: LocalProvider) -> None:
     sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
-    provider.exec_detached(sid, ["sleep", "100"], env={}, timeout_s=100)
+    tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
+    provider.exec_detached(sid, ["sleep", tag], env={}, timeout_s=100)
+    pids = wait_for(lambda: find_pids(tag))
     record = json.loads((provider.root / sid / ".playrun" / "proc.json").read_text())
-    os.killpg(record["pid"], signal.SIGKILL)
+    os.killpg(record["pid"], signal.SIGKILL)  # not the play's own session
     assert wait_for(lambda: provider.poll(sid).state == "missing")
+    # The orphaned play is still found (by its sandbox HOME) and killed.
+    provider.delete(sid)
+    assert not any(sup.is_live(pid) for pid in pids)
 
 
 def test_memory_limit_makes_huge_allocation_fail(provider: LocalProvider) -> None:

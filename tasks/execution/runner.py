@@ -126,7 +126,7 @@ class Context:
         text = str(message)
         clean = {str(k): _jsonable(v) for k, v in fields.items()}
         with self._lock:
-            if self._dropped:
+            if self._dropped or self._events.closed:  # closed: a thread logging after the end
                 self._dropped += 1
                 return
             self._seq += 1
@@ -171,6 +171,7 @@ class Runner:
         self.timeout_s = timeout_s
         self._result_lock = threading.Lock()
         self._settled = False
+        self._owner_pid = os.getpid()
         self._armed = False
         self._timed_out = False
         self._done = threading.Event()
@@ -182,7 +183,8 @@ class Runner:
     def settle(self, payload: bytes) -> bool:
         """Write result.json atomically, once; later calls are no-ops. False if it failed."""
         with self._result_lock:
-            if self._settled:
+            if self._settled or os.getpid() != self._owner_pid:
+                # Settled already, or a child the play forked came back here: not its result.
                 return True
             self._settled = True
             path = self.dir / RESULT_FILE

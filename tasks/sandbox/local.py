@@ -217,8 +217,10 @@ class LocalProvider:
             "cpu_seconds": meta.get("cpu_seconds"),
         }
         # Nothing of the worker's environment leaks in: only the base and the caller's env.
-        child_env = dict(BASE_ENV, HOME=str(path))
+        child_env = dict(BASE_ENV)
         child_env.update({str(k): str(v) for k, v in env.items()})
+        # Not overridable: delete finds orphaned sandbox processes by this exact entry.
+        child_env["HOME"] = str(path)
         supervisor_path = control / SUPERVISOR_FILE
         cmd = [sys.executable, "-I", str(supervisor_path), str(path)]
         use_ns = self._pid_namespace is not False
@@ -338,12 +340,25 @@ class LocalProvider:
             os.close(fd)
 
     def _sandbox_processes(self, path: Path) -> set[int]:
-        """Top processes of the sandbox: whatever runs its supervisor (unshare included)."""
+        """Roots of the sandbox's processes: whatever runs its supervisor (unshare included),
+        plus anything started with the sandbox's HOME, which finds the play's processes
+        even after its supervisor was killed and they were reparented away."""
         marker = str(path / sup.CONTROL_DIR / SUPERVISOR_FILE)
+        home = b"HOME=" + os.fsencode(path)
         found: set[int] = set()
         for entry in os.scandir("/proc"):
-            if entry.name.isdigit() and marker in sup.read_cmdline(int(entry.name)):
-                found.add(int(entry.name))
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if marker in sup.read_cmdline(pid):
+                found.add(pid)
+                continue
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if home in environ.split(b"\0"):
+                found.add(pid)
         return found
 
     def kill(self, sandbox_id: str) -> None:

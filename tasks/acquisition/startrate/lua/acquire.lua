@@ -62,7 +62,7 @@ if need > 0 then
   -- at server_now_ms + wait_ms is past both the cooldown and the horizon.
   local rate = S[1].eff
   for i = 2, n do rate = math.min(rate, S[i].eff) end
-  local wait_ms = math.ceil((now + need) / 1000) - now_ms
+  local wait_ms = math.floor((now + need) / 1000) - now_ms + 1
   local earliest = math.ceil(math.max(scheduled, cooldown) / 1000)
   return {0, earliest, now_ms, wait_ms, rate, epoch}
 end

@@ -1,0 +1,106 @@
+"""Crash recovery with real workers: SIGKILL mid-run, a worker lost before launch,
+and a worker refusing an unmigrated database."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import tasks
+from models import Attempt, db_now
+from tasks.acquisition.claim import Claimed, claim
+from tasks.db import session_scope
+from tasks.settings import get_settings
+from tests.conftest import PG_BASE, PLAYS, ROOT, Worker, _psql, worker_env
+from tests.helpers import eventually, kinds
+
+pytestmark = pytest.mark.slow
+FAST_RECOVERY = {
+    "PLAYRUN_LEASE_SECONDS": "3",
+    "PLAYRUN_REAP_INTERVAL_S": "1",
+    "PLAYRUN_SWEEP_INTERVAL_S": "1",
+    "PLAYRUN_WATCH_INLINE_S": "1",
+}
+
+
+def test_worker_killed_mid_run_is_recovered_and_the_play_runs_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran.txt"
+    first = Worker(worker_env(**FAST_RECOVERY), beat=True)
+    first.wait_ready()
+    handle = tasks.submit_run(PLAYS / "counter.py", input={"path": str(marker), "seconds": 4},
+                              org_id=f"org-{uuid.uuid4().hex[:6]}")
+    eventually(lambda: marker.exists(), what="the play to start")
+    first.stop(signal.SIGKILL)  # the whole worker: main process and pool children
+    second = Worker(worker_env(**FAST_RECOVERY), beat=True)
+    try:
+        second.wait_ready()
+        result = handle.wait(timeout=60)
+        eventually(lambda: "capacity.released" in kinds(handle.id), what=f"release "
+                   f"{kinds(handle.id)} {second.output()[-3000:]}")
+    finally:
+        second.stop()
+    assert result.status == "succeeded", result
+    assert result.output == {"ok": True}
+    assert marker.read_text().count("\n") == 1, "the play ran more than once"
+    view = tasks.get_run(handle.id)
+    assert [a.generation for a in view.attempts] == [1]
+
+
+def test_an_attempt_lost_before_launch_is_deferred_and_then_completes(pg_url: str) -> None:
+    """A worker that died between claim and launch: no customer code ran, so the reaper
+    defers the start (same generation) and a worker finishes the run."""
+    handle = tasks.submit_run(ROOT / "examples" / "plays" / "noop.py", input={},
+                              org_id="lost-before-launch")
+    # Play the part of a worker that claims and then vanishes (no worker is running).
+    with session_scope() as session:
+        claimed = claim(session, handle.id, worker_id="ghost", lease_seconds=0.2)
+    assert isinstance(claimed, Claimed)
+    with session_scope() as session:
+        eventually(lambda: session.scalar(sa.select(Attempt.lease_expires_at < db_now())
+                                          .where(Attempt.run_id == handle.id)),
+                   what="the ghost's lease to expire")
+    w = Worker(worker_env(**FAST_RECOVERY), beat=True)
+    try:
+        w.wait_ready()
+        result = handle.wait(timeout=60)
+    finally:
+        w.stop()
+    assert result.status == "succeeded"
+    events = tasks.run_events(handle.id)
+    deferred = [e.data for e in events if e.kind == "run.deferred"]
+    assert deferred and deferred[0]["cause"] == "worker_lost"
+    assert [a.generation for a in tasks.get_run(handle.id).attempts] == [1]
+
+
+def test_worker_refuses_an_unmigrated_database() -> None:
+    name = f"playrun_empty_{secrets.token_hex(4)}"
+    _psql(f'CREATE DATABASE "{name}"')
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--loglevel=INFO"],
+            env=worker_env(PLAYRUN_DATABASE_URL=f"{PG_BASE}/{name}"), cwd=str(ROOT),
+            capture_output=True, text=True, timeout=60)
+    finally:
+        _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert proc.returncode != 0
+    assert "playrun db upgrade" in proc.stdout + proc.stderr
+
+
+def test_worker_refuses_the_development_secret_on_postgres(pg_url: str) -> None:
+    env = worker_env()
+    env.pop("PLAYRUN_SECRET_KEY")
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--loglevel=INFO"],
+        env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "PLAYRUN_SECRET_KEY" in proc.stdout + proc.stderr
+    assert get_settings().secret_key != ""

@@ -1,0 +1,63 @@
+"""Alembic owns the schema: one head, models match migrations, and a clean round trip."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from models import Base
+from tasks import db
+from tasks.errors import SchemaNotCurrentError
+from tests.conftest import PG_BASE, _psql
+
+
+@pytest.fixture
+def empty_pg() -> Iterator[str]:
+    name = f"playrun_mig_{secrets.token_hex(4)}"
+    _psql(f'CREATE DATABASE "{name}"')
+    yield f"{PG_BASE}/{name}"
+    db.dispose_engines()
+    _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_sqlite(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'playrun.db'}"
+
+
+def test_single_head() -> None:
+    script = ScriptDirectory.from_config(db.alembic_config("sqlite://"))
+    assert len(script.get_heads()) == 1
+
+
+def _diff(url: str) -> list[object]:
+    with db.get_engine(url).connect() as conn:
+        return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
+
+
+@pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
+def test_upgrade_check_downgrade_round_trip(which: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(which)
+    db.upgrade(url)
+    assert db.current_revision(url) == db.head_revision()
+    assert _diff(url) == []  # what `alembic check` checks: models == migrations
+    db.require_current_schema(url)
+    db.downgrade(url, "base")
+    assert db.current_revision(url) is None
+    tables = set(sa.inspect(db.get_engine(url)).get_table_names()) - {"alembic_version"}
+    assert tables == set()
+    db.upgrade(url)
+    assert _diff(url) == []
+
+
+def test_an_unmigrated_database_is_refused_with_the_upgrade_command(empty_pg: str) -> None:
+    with pytest.raises(SchemaNotCurrentError, match="playrun db upgrade") as err:
+        db.require_current_schema(empty_pg)
+    assert err.value.code == "SCHEMA_NOT_CURRENT"

@@ -62,7 +62,7 @@ if need > 0 then
   -- at server_now_ms + wait_ms is past both the cooldown and the horizon.
   local rate = S[1].eff
   for i = 2, n do rate = math.min(rate, S[i].eff) end
-  local wait_ms = math.floor((now + need) / 1000) - now_ms + 1
+  local wait_ms = math.ceil((now + need) / 1000) - now_ms
   local earliest = math.ceil(math.max(scheduled, cooldown) / 1000)
   return {0, earliest, now_ms, wait_ms, rate, epoch}
 end
@@ -70,7 +70,7 @@ end
 local rate = nil
 for i = 1, n do
   local p, s = P[i], S[i]
-  local tat = scheduled + interval(s.eff)
+  local tat = scheduled + interval(s.eff) - 1000
   local r = s.adaptive
   -- Additive increase only while busy (a backlog, or a permit within the last
   -- interval) and never under an override, whose adaptive state is kept as it was.

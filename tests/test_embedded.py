@@ -1,0 +1,94 @@
+"""The embedded default: a private valkey-server from its wheel, SQLite, real workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasks.embedded import Stack
+from tests.conftest import PLAYS, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLAYRUN_")}
+    env.update(extra)
+    return env
+
+
+def test_playrun_demo_runs_the_sample_play_and_stops_everything(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "demo"], cwd=str(tmp_path),
+                          env=clean_env(HOME=str(tmp_path), COLUMNS="200"),
+                          capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for kind in ("run.admitted", "attempt.started", "sandbox.live", "run.progress",
+                 "run.succeeded", "sandbox.deleted"):
+        assert kind in out
+    assert "Hello, Ada!" in out
+    # Everything it started is gone: no celery or valkey child left behind.
+    left = subprocess.run(["pgrep", "-f", f"playrun-demo-.*|{tmp_path}"], capture_output=True,
+                          text=True).stdout.split()
+    assert [p for p in left if int(p) != os.getpid()] == []
+
+
+@pytest.fixture(scope="module")
+def sqlite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    home = tmp_path_factory.mktemp("embedded")
+    stack = Stack(home)
+    try:
+        stack.start_redis()
+        env = clean_env(**stack.env)
+        subprocess.run([sys.executable, "-m", "tasks.cli", "db", "upgrade"], env=env,
+                       check=True, cwd=str(ROOT), capture_output=True)
+        stack.start_celery("worker", "--concurrency=2")
+        yield env
+    finally:
+        stack.stop()
+
+
+def submit(env: dict[str, str], play: Path, input: str = "{}") -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "submit", str(play), "--input", input, "--org",
+         "embedded", "--wait", "--timeout", "90"],
+        env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    doc: dict[str, object] = json.loads(proc.stdout)
+    return doc
+
+
+def test_cli_submit_wait_on_sqlite(sqlite_stack: dict[str, str]) -> None:
+    doc = submit(sqlite_stack, ROOT / "examples" / "plays" / "hello.py", '{"name": "Lin"}')
+    assert doc["status"] == "succeeded"
+    assert doc["output"] == {"greeting": "Hello, Lin!", "shout": "LIN"}
+
+
+@pytest.mark.parametrize(("play", "code"), [("raises.py", "PLAY_ERROR"),
+                                            ("syntax_error.py", "PLAY_INVALID")])
+def test_failures_carry_codes_on_sqlite(sqlite_stack: dict[str, str], play: str,
+                                        code: str) -> None:
+    doc = submit(sqlite_stack, PLAYS / play)
+    assert (doc["status"], doc["code"]) == ("failed", code)
+
+
+def test_cli_bad_input_is_a_clear_error(sqlite_stack: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "submit", str(PLAYS / "raises.py"), "--input",
+         "{not json", "--org", "embedded"],
+        env=sqlite_stack, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "INPUT_INVALID" in proc.stderr
+
+
+def test_cli_show_unknown_run(sqlite_stack: dict[str, str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "show", "nope"],
+                          env=sqlite_stack, cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "RUN_NOT_FOUND" in proc.stderr

@@ -30,9 +30,9 @@ result_backend_transport_options = {"visibility_timeout": _settings.visibility_t
 # redelivered anyway, and finishing them would ack nothing.
 worker_cancel_long_running_tasks_on_connection_loss = True
 broker_connection_retry_on_startup = True
-# Flower needs task events.
+# Flower needs task events from workers. (No task-sent events: they would cost app code
+# a second broker publish per submit, and Flower sees tasks once a worker receives them.)
 worker_send_task_events = True
-task_send_sent_event = True
 # JSON only: no pickles from the broker.
 task_serializer = "json"
 result_serializer = "json"

@@ -13,13 +13,14 @@ import sqlalchemy as sa
 
 from models import Attempt, Run, db_now
 from tasks import ledger
-from tasks.admission.relay import publish_due
+from tasks.admission.relay import publish_admitted
 from tasks.admission.submit import admit
 from tasks.constants import (
     CANCELLED,
     CANCELLED_CODE,
     EV_CANCEL_REQUESTED,
     KEY_RUN_DONE,
+    TASK_START_ATTEMPT,
     TERMINAL_STATUSES,
 )
 from tasks.db import ensure_schema_once, session_scope
@@ -129,7 +130,7 @@ def submit_run(play: str | Path, input: Any = None, *, org_id: str,
     admitted = admit(play, input, org_id, idempotency_key)
     if admitted.outbox_id is not None:
         try:
-            publish_due(app, ids=[admitted.outbox_id])
+            publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT, [admitted.run_id])
         except Exception:  # committed already: the beat sweep publishes it
             pass
     return RunHandle(admitted.run_id, admitted.created)

@@ -36,6 +36,26 @@ def _publish(app: Any, rows: Sequence[Outbox]) -> int:
     return published
 
 
+def publish_admitted(app: Any, outbox_id: str, task_name: str, args: list[Any]) -> bool:
+    """The fast path right after submit commits: publish, then mark the row sent.
+
+    Marking is not worth an fsync: if it is lost, the sweep publishes a duplicate,
+    which the claim ignores. A broker error leaves the row to the sweep.
+    """
+    try:
+        app.send_task(task_name, args=args, task_id=outbox_id, queue=QUEUE)
+    except Exception as exc:
+        log.warning("outbox %s left to the sweep: %s", outbox_id, exc)
+        return False
+    with session_scope() as session:
+        if is_postgres(session):
+            session.execute(sa.text("SET LOCAL synchronous_commit = off"))
+        session.execute(sa.update(Outbox).where(Outbox.id == outbox_id,
+                                                Outbox.sent_at.is_(None))
+                        .values(sent_at=db_now(), publish_count=Outbox.publish_count + 1))
+    return True
+
+
 def publish_due(app: Any, *, ids: Sequence[str] | None = None, limit: int = 200) -> int:
     """Publish unsent rows that are due. Broker errors leave rows unsent for the next sweep."""
     with session_scope() as session:

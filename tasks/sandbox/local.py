@@ -341,25 +341,10 @@ class LocalProvider:
 
     def _sandbox_processes(self, path: Path) -> set[int]:
         """Roots of the sandbox's processes: whatever runs its supervisor (unshare included),
-        plus anything started with the sandbox's HOME, which finds the play's processes
-        even after its supervisor was killed and they were reparented away."""
+        plus anything started with the sandbox's HOME (the play's processes, even after its
+        supervisor was killed and they were reparented away)."""
         marker = str(path / sup.CONTROL_DIR / SUPERVISOR_FILE)
-        home = b"HOME=" + os.fsencode(path)
-        found: set[int] = set()
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            if marker in sup.read_cmdline(pid):
-                found.add(pid)
-                continue
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            if home in environ.split(b"\0"):
-                found.add(pid)
-        return found
+        return sup.processes_matching(marker, b"HOME=" + os.fsencode(path))
 
     def kill(self, sandbox_id: str) -> None:
         """SIGKILL the sandbox's whole process tree and wait for it to die; keeps the files."""

@@ -86,6 +86,26 @@ def subtree(roots: Iterable[int], table: dict[int, int]) -> set[int]:
     return found
 
 
+def processes_matching(cmdline_part: str, environ_entry: bytes) -> set[int]:
+    """Pids with an argument containing cmdline_part, or exactly environ_entry in their
+    initial environment."""
+    found: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if any(cmdline_part in arg for arg in read_cmdline(pid)):
+            found.add(pid)
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if environ_entry in environ.split(b"\0"):
+            found.add(pid)
+    return found
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)

@@ -70,7 +70,7 @@ end
 local rate = nil
 for i = 1, n do
   local p, s = P[i], S[i]
-  local tat = scheduled + interval(s.eff) - 1000
+  local tat = scheduled + interval(s.eff)
   local r = s.adaptive
   -- Additive increase only while busy (a backlog, or a permit within the last
   -- interval) and never under an override, whose adaptive state is kept as it was.

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import bench_env  # noqa: E402
+from bench.common import bench_env
 
 PLAY = Path(__file__).resolve().parent.parent / "examples" / "plays" / "noop.py"
 
@@ -22,8 +22,9 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=500)
     args = parser.parse_args()
     with bench_env(redis_db=13) as env:
-        import tasks
         from celery import Celery
+
+        import tasks
 
         plain = Celery("plain", broker=env["PLAYRUN_REDIS_URL"])
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -39,8 +39,8 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        value = value.astimezone(timezone.utc)
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
         # SQLite compares text: store naive UTC in the same format db_now() renders.
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
@@ -51,14 +51,14 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
             value = datetime.fromisoformat(value)
         assert isinstance(value, datetime)
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
 
 
 JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
 
 
-class db_now(FunctionElement[datetime]):  # noqa: N801 - reads like the SQL function it renders
+class db_now(FunctionElement[datetime]):
     """The database clock, optionally offset by a number of seconds (may be a bind)."""
 
     type = UTCDateTime()

@@ -4,6 +4,7 @@
 get_run, cancel_run and run_events.
 """
 
+from tasks import jobs  # noqa: F401  (registers the Celery tasks)
 from tasks.api import (
     AttemptView,
     RunHandle,
@@ -18,8 +19,6 @@ from tasks.api import (
 from tasks.app import app
 from tasks.errors import PlayrunError
 from tasks.ledger import Event
-
-from tasks import jobs  # noqa: E402,F401  (registers the Celery tasks)
 
 celery = app
 

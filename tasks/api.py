@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -89,7 +90,7 @@ class RunHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = None
         try:
-            pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
+            pubsub = redis_client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             pubsub.subscribe(KEY_RUN_DONE + self.id)
         except redis.RedisError:
             pubsub = None
@@ -115,10 +116,8 @@ class RunHandle:
                 pause = min(pause * 2, 1.0)
         finally:
             if pubsub is not None:
-                try:
+                with contextlib.suppress(redis.RedisError):
                     pubsub.close()
-                except redis.RedisError:
-                    pass
 
 
 def submit_run(play: str | Path, input: Any = None, *, org_id: str,
@@ -129,10 +128,8 @@ def submit_run(play: str | Path, input: Any = None, *, org_id: str,
     ensure_schema_once()
     admitted = admit(play, input, org_id, idempotency_key)
     if admitted.outbox_id is not None:
-        try:
-            publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT, [admitted.run_id])
-        except Exception:  # committed already: the beat sweep publishes it
-            pass
+        # Committed already: if this publish fails, the beat sweep publishes the row.
+        publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT, [admitted.run_id])
     return RunHandle(admitted.run_id, admitted.created)
 
 
@@ -183,7 +180,7 @@ def cancel_run(run_id: str) -> RunView:
             raise RunNotFoundError(f"no run with id {run_id!r}")
         first = run.status not in TERMINAL_STATUSES and run.cancel_requested_at is None
         if first:
-            run.cancel_requested_at = db_now()  # type: ignore[assignment]
+            run.cancel_requested_at = db_now()
             ledger.append(session, run_id, EV_CANCEL_REQUESTED, {})
     if first:
         # Queued or deferred runs have nobody watching: settle here (a no-op if active).

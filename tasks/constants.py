@@ -54,7 +54,9 @@ EV_CAPACITY_RELEASED: Final = "capacity.released"
 EV_CAPACITY_OVERRUN: Final = "capacity.overrun"
 EV_RECEIPTS_RELEASED: Final = "receipts.released"
 EV_CANCEL_REQUESTED: Final = "run.cancel_requested"
-TERMINAL_EVENT: Final = {SUCCEEDED: "run.succeeded", FAILED: "run.failed", CANCELLED: "run.cancelled"}
+TERMINAL_EVENT: Final = {
+    SUCCEEDED: "run.succeeded", FAILED: "run.failed", CANCELLED: "run.cancelled",
+}
 
 # Sandbox labels (provider-neutral; GC lists by these).
 LABEL_MANAGED: Final = "playrun"

@@ -55,7 +55,7 @@ class Stack:
         }
 
     def start_redis(self, timeout: float = 10.0) -> None:
-        log = open(self.home / "redis.log", "wb")
+        log = open(self.home / "redis.log", "wb")  # noqa: SIM115 - the child keeps it
         proc = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", str(self.home)],
@@ -74,7 +74,7 @@ class Stack:
                 time.sleep(0.05)
 
     def start_celery(self, role: str, *extra: str) -> None:
-        log = open(self.home / f"{role}.log", "wb")
+        log = open(self.home / f"{role}.log", "wb")  # noqa: SIM115 - the child keeps it
         env = {**os.environ, **self.env}
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tasks", role, "--loglevel=INFO", *extra],

@@ -30,7 +30,7 @@ log = logging.getLogger("playrun.jobs")
 
 
 @app.task(name=TASK_START_ATTEMPT, bind=True, max_retries=None)
-def start_attempt(self: Task, run_id: str) -> str:  # type: ignore[type-arg]
+def start_attempt(self: Task, run_id: str) -> str:
     settings = get_settings()
     outcome = start(run_id, settings, app)
     if outcome == "locked":

@@ -14,10 +14,10 @@ from tasks.constants import KEY_RUN_DONE
 from tasks.settings import get_settings
 
 log = logging.getLogger("playrun.notify")
-_clients: dict[tuple[int, str], "redis.Redis[bytes]"] = {}
+_clients: dict[tuple[int, str], redis.Redis] = {}
 
 
-def redis_client(url: str | None = None) -> "redis.Redis[bytes]":
+def redis_client(url: str | None = None) -> redis.Redis:
     """One client per process and URL (forked children make their own)."""
     url = url or get_settings().redis_url
     key = (os.getpid(), url)

@@ -72,14 +72,14 @@ class Settings(BaseSettings):
     def is_postgres(self) -> bool:
         return self.database_url.startswith("postgresql")
 
-    def check(self) -> "Settings":
+    def check(self) -> Settings:
         if self.visibility_timeout_s <= self.max_countdown_s * 2:
             raise ConfigurationError(
                 "PLAYRUN_VISIBILITY_TIMEOUT_S must exceed twice PLAYRUN_MAX_COUNTDOWN_S",
             )
         return self
 
-    def check_for_server(self) -> "Settings":
+    def check_for_server(self) -> Settings:
         """Workers and the gateway refuse the development secret on PostgreSQL."""
         self.check()
         if self.is_postgres and self.secret_key == DEV_SECRET_KEY:

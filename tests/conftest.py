@@ -77,7 +77,7 @@ def _session_cleanup() -> Iterator[None]:
 
 
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator["redis.Redis[bytes]"]:
+def redis_client(redis_url: str) -> Iterator[redis.Redis[bytes]]:
     client: redis.Redis[bytes] = redis.Redis.from_url(redis_url)
     yield client
     for key in client.scan_iter(match="*"):
@@ -118,7 +118,7 @@ class Worker:
                 "--without-gossip"]
         if beat:
             args.append("--beat")
-        self.log = open(self.log_path, "wb")
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(args, env=env, cwd=str(ROOT), stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 

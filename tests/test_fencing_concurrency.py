@@ -304,19 +304,16 @@ def test_a_stale_fence_cannot_write(pg_url: str, kind: str) -> None:
     before = snapshot(run_id)
     view_before = outcome_of(run_id)
 
-    with pytest.raises(FenceLostError):
-        with session_scope() as session:
-            hold(session, stale)
+    with pytest.raises(FenceLostError), session_scope() as session:
+        hold(session, stale)
     with pytest.raises(FenceLostError):
         settle(stale, Outcome(SUCCEEDED, output={"stale": True}), reason="ended")
-    with pytest.raises(FenceLostError):
-        with session_scope() as session:
-            hold(session, stale)
-            renew(session, stale, 3600)
-    with pytest.raises(FenceLostError):
-        with session_scope() as session:
-            hold(session, stale)
-            capacity.reserve(session, stale, "org-stale", get_settings())
+    with pytest.raises(FenceLostError), session_scope() as session:
+        hold(session, stale)
+        renew(session, stale, 3600)
+    with pytest.raises(FenceLostError), session_scope() as session:
+        hold(session, stale)
+        capacity.reserve(session, stale, "org-stale", get_settings())
     assert snapshot(run_id) == before, "a stale fence changed something"
     assert outcome_of(run_id) == view_before
 

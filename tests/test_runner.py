@@ -107,7 +107,8 @@ def test_unloadable_play_is_play_invalid(tmp_path: Path, source: str | bytes | N
 
 
 def test_raise_is_play_error_with_message_and_traceback(tmp_path: Path) -> None:
-    src = "def helper():\n    raise ValueError('bad domain x.y')\n\ndef run(ctx, input):\n    helper()\n"
+    src = ("def helper():\n    raise ValueError('bad domain x.y')\n\n"
+           "def run(ctx, input):\n    helper()\n")
     result, _ = run_play(tmp_path, src)
     error = failed(result, "PLAY_ERROR")
     assert error.startswith("ValueError: bad domain x.y")

@@ -122,7 +122,7 @@ def test_lua_and_python_decide_identically(
     try:
         for when, op, n, override in ops:
             now[0] = next_now(now[0], when, states, wait_us)
-            rules = [rule_of(name, p, override) for name, p in zip(names, params)]
+            rules = [rule_of(name, p, override) for name, p in zip(names, params, strict=False)]
             ps = [maths.params_of(rule) for rule in rules]
             assert [p.fixed_mpm if override else 0 for p in params] == [p.fixed_mpm for p in ps]
             if op == "acquire":
@@ -133,7 +133,7 @@ def test_lua_and_python_decide_identically(
                 want: tuple[Any, ...] = (d.granted, d.scheduled_at_ms, d.server_now_ms,
                                          d.wait_ms, d.rate_mpm, d.epoch, False)
             else:
-                epoch = max((s or maths.fresh(p)).epoch for p, s in zip(ps, states))
+                epoch = max((s or maths.fresh(p)).epoch for p, s in zip(ps, states, strict=False))
                 permit_epoch = epoch + n - 1
                 c, states = maths.penalize(ps, states, now[0], permit_epoch, n * 700_000)
                 got = lim.penalize_detail(b, rules, permit_epoch, n * 700)

@@ -98,7 +98,7 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
                CapacityLease.generation == fence.generation, CapacityLease.state == RESERVED)
         .values(state=LIVE, provider=provider, sandbox_id=sandbox_id, live_at=db_now(),
                 expires_at=None)
-    ).rowcount
+    ).rowcount  # type: ignore[attr-defined]
     if changed == 1:
         return
     lease = session.get(CapacityLease, lease_id, populate_existing=True)
@@ -122,7 +122,7 @@ def release_lease(run_id: str, generation: int) -> list[str]:
                 sa.update(CapacityLease)
                 .where(CapacityLease.id == lease_id, CapacityLease.state.in_(HELD))
                 .values(state=RELEASED, released_at=db_now())
-            ).rowcount
+            ).rowcount  # type: ignore[attr-defined]
             if changed:
                 ledger.append(session, run_id, EV_CAPACITY_RELEASED, {"lease_id": lease_id},
                               generation)
@@ -134,7 +134,7 @@ def set_limit(org_id: str, limit: int | None) -> None:
     with session_scope() as session:
         org = _lock_org(session, org_id)
         org.limit = limit
-        org.updated_at = db_now()  # type: ignore[assignment]
+        org.updated_at = db_now()
 
 
 def show(default: int) -> list[tuple[str, int, int, int]]:

@@ -70,7 +70,7 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
         current.lease_token = token
         current.state = ATTEMPT_ACTIVE
         current.worker_id = worker_id
-        current.lease_expires_at = db_now(lease_seconds)  # type: ignore[assignment]
+        current.lease_expires_at = db_now(lease_seconds)
         generation = current.generation
     else:
         generation = run.current_generation + 1
@@ -83,7 +83,7 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
                       generation)
     run.status = RUNNING
     run.deferred_until = None
-    run.updated_at = db_now()  # type: ignore[assignment]
+    run.updated_at = db_now()
     source = session.scalar(sa.select(PlayBundle.source).where(
         PlayBundle.digest == run.play_digest))
     return Claimed(Fence(run_id, generation, token), run.org_id, source or "", run.input,

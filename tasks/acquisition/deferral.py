@@ -51,7 +51,7 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
                             max_total_ms=int(settings.deferral_max_total_s * 1000)):
             attempt.state = ATTEMPT_ENDED
             attempt.end_reason = "deferral_exhausted"
-            attempt.ended_at = db_now()  # type: ignore[assignment]
+            attempt.ended_at = db_now()
             message = (f"sandbox start deferred {run.deferral_count} times over "
                        f"{run.deferral_total_ms / 1000:.1f}s; last cause: {cause}"
                        + (f" ({detail})" if detail else ""))
@@ -61,9 +61,9 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
             outbox_id = None
         else:
             attempt.state = ATTEMPT_DEFERRED
-            attempt.lease_expires_at = db_now()  # type: ignore[assignment]
+            attempt.lease_expires_at = db_now()
             run.status = QUEUED
-            run.deferred_until = db_now(delay / 1000)  # type: ignore[assignment]
+            run.deferred_until = db_now(delay / 1000)
             run.deferral_count += 1
             run.deferral_total_ms += delay
             run.last_deferral_cause = cause
@@ -87,7 +87,7 @@ def _publish_with_countdown(app: Any, outbox_id: str, run_id: str, countdown: fl
     try:
         app.send_task(TASK_START_ATTEMPT, args=[run_id], task_id=outbox_id, queue=QUEUE,
                       countdown=countdown)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any broker error: the sweep publishes it
         log.warning("deferred start of run %s left to the sweep: %s", run_id, exc)
         return
     with session_scope() as session:

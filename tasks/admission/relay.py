@@ -27,10 +27,10 @@ def _publish(app: Any, rows: Sequence[Outbox]) -> int:
     for row in rows:
         try:
             app.send_task(row.task_name, args=list(row.args), task_id=row.id, queue=QUEUE)
-        except Exception as exc:  # broker down: the sweep tries again
+        except Exception as exc:  # noqa: BLE001 - any broker error: the sweep tries again
             log.warning("outbox %s not published: %s", row.id, exc)
             break
-        row.sent_at = db_now()  # type: ignore[assignment]
+        row.sent_at = db_now()
         row.publish_count = (row.publish_count or 0) + 1
         published += 1
     return published
@@ -44,7 +44,7 @@ def publish_admitted(app: Any, outbox_id: str, task_name: str, args: list[Any]) 
     """
     try:
         app.send_task(task_name, args=args, task_id=outbox_id, queue=QUEUE)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any broker error: the sweep tries again
         log.warning("outbox %s left to the sweep: %s", outbox_id, exc)
         return False
     with session_scope() as session:

@@ -27,9 +27,9 @@ def launch(fence: Fence, provider: SandboxProvider, sandbox_id: str, org_id: str
     )
     with session_scope() as session:
         _, attempt = hold(session, fence)
-        attempt.runner_started_at = db_now()  # type: ignore[assignment]
+        attempt.runner_started_at = db_now()
         # Past this the runner is lost whatever the sandbox says.
-        attempt.runner_deadline = db_now(  # type: ignore[assignment]
+        attempt.runner_deadline = db_now(
             settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_grace_s
         )
         renew(session, fence, settings.lease_seconds)

@@ -308,7 +308,7 @@ class Runner:
         try:
             try:
                 self._arm()
-                exec(code, module.__dict__)  # noqa: S102 - running the play is the point
+                exec(code, module.__dict__)
                 entry = getattr(module, "run", None)
                 if not callable(entry):
                     self._disarm()

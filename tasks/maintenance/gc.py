@@ -90,7 +90,7 @@ def collect(providers: list[SandboxProvider], grace_s: float, *,
                 continue
             try:
                 provider.delete(ref.sandbox_id)
-            except Exception as exc:  # one bad sandbox must not stop the pass
+            except Exception as exc:  # noqa: BLE001 - one bad sandbox must not stop the pass
                 log.warning("gc could not delete %s: %s", ref.sandbox_id, exc)
                 report.failed.append((provider.name, ref.sandbox_id, str(exc)))
                 continue

@@ -67,7 +67,7 @@ def _adopt(run_id: str, settings: Settings) -> tuple[Fence, bool] | None:
         if attempt is None:
             return None
         attempt.lease_token = secrets.token_hex(16)
-        attempt.lease_expires_at = db_now(settings.lease_seconds)  # type: ignore[assignment]
+        attempt.lease_expires_at = db_now(settings.lease_seconds)
         attempt.worker_id = "reaper"
         return (Fence(run_id, attempt.generation, attempt.lease_token),
                 attempt.runner_started_at is not None)

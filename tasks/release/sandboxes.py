@@ -34,7 +34,7 @@ def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_i
             sa.update(RuntimeResource)
             .where(RuntimeResource.id == resource_id, RuntimeResource.state != RESOURCE_DELETED)
             .values(state=RESOURCE_DELETED, deleted_at=db_now(), updated_at=db_now())
-        ).rowcount
+        ).rowcount  # type: ignore[attr-defined]
         if changed:
             ledger.append(session, run_id, EV_SANDBOX_DELETED, {"sandbox_id": sandbox_id},
                           generation)

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,8 @@ class FakeScript:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
             state = _initial_state()
-            try:
+            with suppress(FileNotFoundError):
                 state.update(json.loads(self.path.read_bytes()))
-            except FileNotFoundError:
-                pass
             yield state
             if write:
                 tmp = self.path.with_name(f".{SCRIPT_FILE}.tmp")

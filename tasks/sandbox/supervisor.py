@@ -7,6 +7,7 @@ helpers below so process-tree handling lives in one place.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -107,10 +108,8 @@ def processes_matching(cmdline_part: str, environ_entry: bytes) -> set[int]:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def kill_tree(roots: Iterable[int]) -> set[int]:
@@ -195,20 +194,16 @@ class _Console:
         room = CONSOLE_MAX_BYTES - self.written
         keep = data[: max(room, 0)]
         if keep:
-            try:
+            with contextlib.suppress(OSError):
                 os.write(self.fd, keep)
-            except OSError:
-                pass
             self.written += len(keep)
         self.dropped += len(data) - len(keep)
 
     def close(self) -> None:
         if self.dropped:
             note = f"\n[supervisor: console truncated, {self.dropped} bytes dropped]\n"
-            try:
+            with contextlib.suppress(OSError):
                 os.write(self.fd, note.encode())
-            except OSError:
-                pass
         os.close(self.fd)
 
 

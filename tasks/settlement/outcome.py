@@ -30,7 +30,7 @@ class Outcome:
     output: Any = None
 
     @classmethod
-    def failed(cls, code: str, error: str) -> "Outcome":
+    def failed(cls, code: str, error: str) -> Outcome:
         return cls(FAILED, code, error[:MAX_ERROR_CHARS])
 
 
@@ -47,7 +47,8 @@ def from_result(raw: bytes, *, truncated: bool = False) -> Outcome:
     if doc.get("status") == SUCCEEDED and "output" in doc:
         size = len(json.dumps(doc["output"], separators=(",", ":")).encode())
         if size > MAX_OUTPUT_BYTES:
-            return Outcome.failed(OUTPUT_INVALID, f"output is {size} bytes; limit {MAX_OUTPUT_BYTES}")
+            return Outcome.failed(OUTPUT_INVALID,
+                                  f"output is {size} bytes; the limit is {MAX_OUTPUT_BYTES}")
         return Outcome(SUCCEEDED, output=doc["output"])
     if doc.get("status") == FAILED and isinstance(doc.get("code"), str):
         code = doc["code"] if doc["code"] in _KNOWN_CODES else "PLAY_ERROR"

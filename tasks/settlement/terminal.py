@@ -31,8 +31,8 @@ def write_terminal(session: Session, run: Run, outcome: Outcome, generation: int
     run.code = outcome.code
     run.error = outcome.error
     run.output = outcome.output
-    run.finished_at = db_now()  # type: ignore[assignment]
-    run.updated_at = db_now()  # type: ignore[assignment]
+    run.finished_at = db_now()
+    run.updated_at = db_now()
     run.deferred_until = None
     ledger.append(session, run.id, TERMINAL_EVENT[outcome.status],
                   {"code": outcome.code, "error": outcome.error}, generation)
@@ -48,7 +48,7 @@ def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
         run, attempt = hold(session, fence)
         attempt.state = ATTEMPT_ENDED
         attempt.end_reason = reason
-        attempt.ended_at = db_now()  # type: ignore[assignment]
+        attempt.ended_at = db_now()
         write_terminal(session, run, outcome, fence.generation)
     run_settled(fence.run_id, outcome.status)
     return Settled(True, outcome)
@@ -56,9 +56,10 @@ def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
 
 def settle_unattended(run_id: str, outcome: Outcome) -> Settled:
     """Settle a run that has no active attempt (cancelled while queued or deferred)."""
-    from tasks.constants import ATTEMPT_ACTIVE
-    from models import Attempt
     import sqlalchemy as sa
+
+    from models import Attempt
+    from tasks.constants import ATTEMPT_ACTIVE
 
     with session_scope() as session:
         run = lock_run(session, run_id)

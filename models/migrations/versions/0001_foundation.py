@@ -1,7 +1,7 @@
 """Foundation: bundles, runs, attempts, sandboxes, ledger, outbox, capacity, traffic policy.
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-12-01 04:15:15.031917
 """
 
@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 import models
-
-from sqlalchemy.dialects import postgresql
 
 revision = '0001'
 down_revision = None

@@ -241,16 +241,16 @@ def acquire(
     if need_us > 0:
         # Relative to the reported ms so "wait until server_now_ms + wait_ms" suffices.
         wait_ms = ms_ceil(now_us + need_us) - now_ms
-        rate = min(effective_mpm(p, s) for p, s in zip(params, cur))
+        rate = min(effective_mpm(p, s) for p, s in zip(params, cur, strict=False))
         earliest = ms_ceil(max(scheduled, cooldown))
         return Decision(False, earliest, now_ms, wait_ms, rate, epoch), list(states)
     new: list[State | None] = []
-    for p, s in zip(params, cur):
+    for p, s in zip(params, cur, strict=False):
         # Every rule's next slot follows the shared schedule, so each rule stays paced.
         tat = scheduled + interval_us(effective_mpm(p, s))
         rate = grown_mpm(p, s, is_busy(s, now_us), successes)
         new.append(State(rate, tat, s.epoch, s.cooldown_until_us))
-    rate = min(effective_mpm(p, s) for p, s in zip(params, new) if s is not None)
+    rate = min(effective_mpm(p, s) for p, s in zip(params, new, strict=False) if s is not None)
     return Decision(True, ms_ceil(scheduled), now_ms, 0, rate, epoch), new
 
 
@@ -270,7 +270,7 @@ def penalize(
     epoch = max(s.epoch for s in cur)
     now_ms = ms_floor(now_us)
     if permit_epoch < epoch:
-        rate = min(effective_mpm(p, s) for p, s in zip(params, cur))
+        rate = min(effective_mpm(p, s) for p, s in zip(params, cur, strict=False))
         until = ms_ceil(max(s.cooldown_until_us for s in cur))
         return Cut(False, rate, epoch, until, now_ms), list(states)
     # max(): a permit from before a key was lost still moves the epoch past itself.
@@ -279,9 +279,9 @@ def penalize(
     new: list[State | None] = [
         replace(s, rate_mpm=cut_mpm(p, s), epoch=new_epoch,
                 cooldown_until_us=max(s.cooldown_until_us, until_us))
-        for p, s in zip(params, cur)
+        for p, s in zip(params, cur, strict=False)
     ]
-    rate = min(effective_mpm(p, s) for p, s in zip(params, new) if s is not None)
+    rate = min(effective_mpm(p, s) for p, s in zip(params, new, strict=False) if s is not None)
     until = ms_ceil(max(s.cooldown_until_us for s in new if s is not None))
     return Cut(True, rate, new_epoch, until, now_ms), new
 

@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     sandbox_root: Path = _HOME / "sandboxes"
     org_capacity: int = Field(default=10, ge=0)
     capacity_mode: Literal["enforce", "observe"] = "enforce"
+    # In `enforce`, a full org fails the run, or with `defer` waits through the bounded deferral.
+    capacity_full: Literal["fail", "defer"] = "fail"
     # Seconds before an unreported reservation is released by the reaper.
     capacity_reservation_ttl_s: float = 120.0
 

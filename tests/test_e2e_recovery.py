@@ -104,3 +104,16 @@ def test_worker_refuses_the_development_secret_on_postgres(pg_url: str) -> None:
     assert proc.returncode != 0
     assert "PLAYRUN_SECRET_KEY" in proc.stdout + proc.stderr
     assert get_settings().secret_key != ""
+
+
+def test_a_play_past_its_time_limit_fails_with_run_timeout(pg_url: str) -> None:
+    w = Worker(worker_env(PLAYRUN_RUN_TIMEOUT_S="2", PLAYRUN_WATCH_INLINE_S="1"))
+    try:
+        w.wait_ready()
+        handle = tasks.submit_run(PLAYS / "forever.py", input={}, org_id="timeouts")
+        result = handle.wait(timeout=60)
+        eventually(lambda: "sandbox.deleted" in kinds(handle.id), what="the sandbox deleted")
+    finally:
+        w.stop()
+    assert (result.status, result.code) == ("failed", "RUN_TIMEOUT")
+    assert "run.progress" in kinds(handle.id)  # it did start: this is not a pre-code failure

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,12 @@ SPAWN = mp.get_context("spawn")
 
 # --- helpers ----------------------------------------------------------------------------
 
+ORG_PREFIX = "fen-"
+
+
 def new_run(org_id: str | None = None) -> str:
     """Admit a run the way submit_run does, but keep it off the broker (the test drives it)."""
-    admitted = admit(NOOP, {}, org_id or f"org-{uuid.uuid4().hex[:8]}", None)
+    admitted = admit(NOOP, {}, org_id or f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}", None)
     with session_scope() as session:
         session.execute(sa.update(Outbox).where(Outbox.id == admitted.outbox_id)
                         .values(sent_at=db_now()))
@@ -141,6 +145,28 @@ def supersede(run_id: str) -> None:
         session.execute(sa.update(Attempt).where(
             Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE,
         ).values(state=ATTEMPT_FENCED_OUT, ended_at=db_now()))
+
+
+def close_open_runs(org_prefix: str) -> None:
+    """Runs a module drove by hand end cancelled, so no later reaper or sweep adopts them."""
+    with session_scope() as session:
+        open_ids = sa.select(Run.id).where(Run.status.not_in(list(TERMINAL_STATUSES)),
+                                           Run.org_id.startswith(org_prefix))
+        session.execute(sa.update(Attempt).where(
+            Attempt.run_id.in_(open_ids), Attempt.state.in_([ATTEMPT_ACTIVE, "deferred"]),
+        ).values(state="ended", end_reason="test_cleanup", ended_at=db_now()))
+        session.execute(sa.update(CapacityLease).where(
+            CapacityLease.run_id.in_(open_ids), CapacityLease.state.in_(["reserved", "live"]),
+        ).values(state="released", released_at=db_now()))
+        session.execute(sa.update(Run).where(Run.id.in_(open_ids)).values(
+            status="cancelled", code="CANCELLED", error="closed by the test harness",
+            finished_at=db_now(), deferred_until=None))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_open_runs_left(pg_url: str) -> Iterator[None]:
+    yield
+    close_open_runs(ORG_PREFIX)
 
 
 def _settled_tuple(fence: Fence, outcome: Outcome) -> tuple[Any, ...]:

@@ -74,7 +74,10 @@ def acquire_sandbox(claimed: Claimed, settings: Settings, app: Any) -> SandboxRe
     try:
         lease_id = _reserve(claimed, settings)
     except CapacityExceededError as exc:
-        finish(fence, Outcome.failed(exc.code, f"{exc.code}: {exc.message}"), "capacity")
+        if settings.capacity_full == "defer":
+            defer(fence, "capacity", settings, app, detail=exc.message)
+        else:
+            finish(fence, Outcome.failed(exc.code, f"{exc.code}: {exc.message}"), "capacity")
         return None
     try:
         ref = create(provider, claimed, settings, lease_id)

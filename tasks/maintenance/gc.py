@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from models import Attempt, Run, RuntimeResource, db_now
+from tasks import ledger
 from tasks.constants import (
     ATTEMPT_ACTIVE,
+    EV_SANDBOX_DELETED,
     LABEL_GENERATION,
     LABEL_MANAGED,
     LABEL_RUN,
@@ -67,11 +69,16 @@ def verdict(ref: SandboxRef) -> str | None:
 
 
 def _mark_deleted(provider: str, sandbox_id: str) -> None:
+    """Mark the record deleted and say so in its run's ledger, as a release would."""
     with session_scope() as session:
-        session.execute(sa.update(RuntimeResource).where(
+        rows = session.execute(sa.update(RuntimeResource).where(
             RuntimeResource.provider == provider, RuntimeResource.sandbox_id == sandbox_id,
             RuntimeResource.state != RESOURCE_DELETED,
-        ).values(state=RESOURCE_DELETED, deleted_at=db_now()))
+        ).values(state=RESOURCE_DELETED, deleted_at=db_now(), updated_at=db_now())
+            .returning(RuntimeResource.run_id, RuntimeResource.generation)).all()
+        for run_id, generation in rows:
+            ledger.append(session, run_id, EV_SANDBOX_DELETED,
+                          {"sandbox_id": sandbox_id, "by": "gc"}, generation)
 
 
 def collect(providers: list[SandboxProvider], grace_s: float, *,

@@ -505,3 +505,50 @@ def test_observe_mode_runs_over_the_limit_and_records_the_overrun(pg_url: str) -
 def _no_open_runs_left(pg_url: str) -> Iterator[None]:
     yield
     close_open_runs(ORG_PREFIX)
+
+
+def test_expiry_racing_a_promotion_neither_deadlocks_nor_fails(pg_url: str) -> None:
+    """The reaper expiring a reservation while its worker promotes it: the worker holds the
+    run row (every fenced write locks run, then its rows); the reaper must take the same
+    order, or PostgreSQL aborts one side with a deadlock."""
+    from tasks.db import get_engine
+
+    settings = get_settings().model_copy(update={"capacity_reservation_ttl_s": 0.2})
+    org_id = org()
+    fence = must_claim(new_run(org_id))
+    lease_id = reserve(fence, org_id, settings)
+    with session_scope() as session:
+        eventually(lambda: session.scalar(sa.select(CapacityLease.expires_at < db_now())
+                                          .where(CapacityLease.id == lease_id)),
+                   what="the reservation to expire by the db clock")
+    outcome: dict[str, Any] = {}
+
+    def reaper() -> None:
+        try:
+            outcome["expired"] = expire_reservations()
+        except Exception as exc:  # reported below
+            outcome["error"] = exc
+
+    engine = get_engine()
+    with sa.orm.Session(engine) as worker_session, worker_session.begin():
+        hold(worker_session, fence)  # the worker's fenced transaction is open
+        pid = worker_session.scalar(sa.text("SELECT pg_backend_pid()"))
+        t = threading.Thread(target=reaper)
+        t.start()
+        eventually(lambda: _blocked_by(pid), timeout=10, what="the reaper to wait on the worker")
+        try:
+            capacity.promote(worker_session, fence, lease_id, "local", "lsb-eeeeeeeeeeeeeeee")
+        except sa.exc.DBAPIError as exc:
+            outcome["worker_error"] = exc
+    t.join(timeout=30)
+    assert "error" not in outcome and "worker_error" not in outcome, outcome
+    # The worker got there first: the lease is live, and the reaper left it alone.
+    assert lease(lease_id) == ("live", "local", "lsb-eeeeeeeeeeeeeeee")
+    assert "capacity.released" not in kinds(fence.run_id)
+
+
+def _blocked_by(pid: int) -> bool:
+    with session_scope() as session:
+        return bool(session.scalar(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"),
+            {"pid": pid}))

@@ -41,18 +41,33 @@ class ReapReport:
 
 
 def expire_reservations() -> int:
-    """Reservations that never went live give their slot back."""
+    """Reservations that never went live give their slot back.
+
+    Each one locks its run row first, the order every fenced write takes (a promotion holds
+    the run and then updates the lease); the ledger insert's foreign-key check needs a share
+    lock on the run, so updating the lease first could deadlock against that promotion.
+    """
     with session_scope() as session:
-        rows = session.execute(
-            sa.update(CapacityLease)
+        due = session.execute(
+            sa.select(CapacityLease.id, CapacityLease.run_id)
             .where(CapacityLease.state == RESERVED, CapacityLease.expires_at < db_now())
-            .values(state=RELEASED, released_at=db_now())
-            .returning(CapacityLease.id, CapacityLease.run_id, CapacityLease.generation)
         ).all()
-        for lease_id, run_id, generation in rows:
-            ledger.append(session, run_id, EV_CAPACITY_RELEASED,
-                          {"lease_id": lease_id, "reason": "reservation expired"}, generation)
-    return len(rows)
+    expired = 0
+    for lease_id, run_id in due:
+        with session_scope() as session:
+            lock_run(session, run_id)
+            row = session.execute(
+                sa.update(CapacityLease)
+                .where(CapacityLease.id == lease_id, CapacityLease.state == RESERVED,
+                       CapacityLease.expires_at < db_now())
+                .values(state=RELEASED, released_at=db_now())
+                .returning(CapacityLease.generation)
+            ).first()
+            if row is not None:
+                ledger.append(session, run_id, EV_CAPACITY_RELEASED,
+                              {"lease_id": lease_id, "reason": "reservation expired"}, row[0])
+                expired += 1
+    return expired
 
 
 def _adopt(run_id: str, settings: Settings) -> tuple[Fence, bool] | None:

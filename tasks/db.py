@@ -87,20 +87,20 @@ def alembic_config(url: str | None = None) -> Config:
     return cfg
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> None:
+def _migrate(step: Any, url: str | None, revision: str) -> None:
     cfg = alembic_config(url)
     with get_engine(url).connect() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        step(cfg, revision)
         conn.commit()
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    _migrate(command.upgrade, url, revision)
 
 
 def downgrade(url: str | None = None, revision: str = "base") -> None:
-    cfg = alembic_config(url)
-    with get_engine(url).connect() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
-        conn.commit()
+    _migrate(command.downgrade, url, revision)
 
 
 def head_revision() -> str | None:

@@ -395,7 +395,9 @@ def fake_worker(pg_url: str) -> Iterator[Any]:
 
     script = FakeScript(get_settings().sandbox_root)
     script.reset()
-    w = Worker(worker_env(PLAYRUN_SANDBOX_PROVIDER="fake", **FAST_STARTS), concurrency=4)
+    w = Worker(worker_env(PLAYRUN_SANDBOX_PROVIDER="fake", PLAYRUN_DEFERRAL_MAX_COUNT="2",
+                          PLAYRUN_DEFERRAL_BASE_MS="50", PLAYRUN_DEFERRAL_MAX_MS="100",
+                          **FAST_STARTS), concurrency=4)
     try:
         w.wait_ready()
         yield w
@@ -462,6 +464,24 @@ class TestEveryTerminalPathGivesEverythingBack:
         assert (result.status, result.code) == ("failed", "SANDBOX_START_FAILED")
         assert "sandbox.requested" in kinds(run.id)
         assert_nothing_left(run.id, "fake", took_lease=True, made_sandbox=False)
+
+    def test_deferral_budget_exhausted(self) -> None:
+        """Three transport failures at create: deferred twice (each time giving the lease
+        back), then the budget (2 deferrals in this worker) is spent: a terminal failure."""
+        script = FakeScript(get_settings().sandbox_root)
+        script.set(fail_creates=["transport"] * 3)
+        try:
+            run = tasks.submit_run(HELLO, input={"name": "Eve"}, org_id=org())
+            result = run.wait(timeout=60)
+        finally:
+            script.set()
+        assert (result.status, result.code) == ("failed", "START_DEFERRAL_EXHAUSTED")
+        assert "transport" in (result.error or "")
+        assert kinds(run.id).count("run.deferred") == 2
+        assert_nothing_left(run.id, "fake", took_lease=True, made_sandbox=False)
+        with session_scope() as session:
+            assert session.scalar(sa.select(sa.func.count()).where(
+                CapacityLease.run_id == run.id)) == 3
 
     def test_a_full_org_does_not_block_another(self) -> None:
         a, b = org(), org()

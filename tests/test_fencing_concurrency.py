@@ -446,7 +446,7 @@ def _active_count(snap: dict[str, Any]) -> int:
     return sum(1 for a in snap["attempts"] if a[2] == ATTEMPT_ACTIVE)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, min_size=1, max_size=14))
 def test_interleavings_keep_the_fence_invariants(pg_url: str, ops: list[tuple[Any, ...]]) -> None:
     run_id = new_run()

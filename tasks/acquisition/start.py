@@ -111,9 +111,11 @@ def start(run_id: str, settings: Settings, app: Any) -> str:
         try:
             launch(fence, provider_for(ref.provider), ref.sandbox_id, opened.org_id, settings)
         except ProviderError as exc:
-            if exc.kind != "transport":
-                raise
-            defer(fence, "transport", settings, app, detail=str(exc)[:200])
+            # The runner did not start, so no customer code ran: safe to retry or fail.
+            if exc.kind in ("transport", "not_found"):
+                defer(fence, "transport", settings, app, detail=str(exc)[:200])
+            else:
+                finish(fence, Outcome.failed(SANDBOX_START_FAILED, str(exc)), "start_failed")
             return "deferred_or_settled"
     except FenceLostError as exc:
         log.warning("run %s gen %s lost its fence during start: %s", run_id,

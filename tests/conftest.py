@@ -26,15 +26,32 @@ ROOT = Path(__file__).resolve().parent.parent
 SESSION_MARK = "playrun:test-session"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _claim_redis_db() -> int:
-    """Take the first Redis db (1..15) no other test session holds."""
-    for db in range(1, 16):
+    """Take the first Redis db (1..11) no live test session holds; a db whose holder
+    died (a killed session) is flushed and taken over."""
+    for db in range(1, 12):  # 12-15 are left to bench/ scripts
         client = redis.Redis.from_url(f"{REDIS_BASE}/{db}")
-        if client.set(SESSION_MARK, os.getpid(), nx=True, ex=6 * 3600):
+        try:
+            if client.set(SESSION_MARK, os.getpid(), nx=True, ex=6 * 3600):
+                return db
+            holder = client.get(SESSION_MARK)
+            if holder is not None and not _alive(int(holder)):
+                client.flushdb()
+                if client.set(SESSION_MARK, os.getpid(), nx=True, ex=6 * 3600):
+                    return db
+        finally:
             client.close()
-            return db
-        client.close()
-    raise RuntimeError("no free Redis db number between 1 and 15")
+    raise RuntimeError("no free Redis db number between 1 and 11")
 
 
 REDIS_DB = _claim_redis_db()
@@ -60,6 +77,19 @@ def _psql(sql: str) -> None:
 
     with psycopg.connect(PG_BASE.replace("+psycopg", "") + "/postgres", autocommit=True) as c:
         c.execute(sql)
+
+
+def _drop_orphaned_databases() -> None:
+    """Databases of killed test sessions (their pid is gone) are dropped."""
+    import psycopg
+
+    with psycopg.connect(PG_BASE.replace("+psycopg", "") + "/postgres", autocommit=True) as c:
+        names = [r[0] for r in c.execute(
+            "select datname from pg_database where datname like 'playrun_test_%'")]
+    for name in names:
+        parts = name.split("_")
+        if len(parts) >= 3 and parts[2].isdigit() and not _alive(int(parts[2])):
+            _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")
@@ -90,6 +120,7 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis[bytes]]:
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for the session, migrated to head by Alembic."""
+    _drop_orphaned_databases()
     _psql(f'CREATE DATABASE "{PG_NAME}"')
     from tasks import db
 

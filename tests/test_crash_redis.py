@@ -1,0 +1,78 @@
+"""Redis restarted under a live fleet (a private valkey-server, since the machine's Redis
+is shared): queued and in-flight runs are neither lost nor stuck."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tasks
+from tasks.embedded import Stack
+from tests.conftest import PLAYS, ROOT, Worker, worker_env
+from tests.helpers import eventually, kinds
+
+pytestmark = pytest.mark.slow
+RECOVERY = {
+    "PLAYRUN_LEASE_SECONDS": "3",
+    "PLAYRUN_REAP_INTERVAL_S": "1",
+    "PLAYRUN_SWEEP_INTERVAL_S": "0.5",
+    "PLAYRUN_OUTBOX_RESEND_AFTER_S": "2",
+    "PLAYRUN_WATCH_INLINE_S": "0.5",
+}
+
+
+class PrivateRedis:
+    def __init__(self, home: Path) -> None:
+        self.stack = Stack(home)
+        self.url = f"redis://127.0.0.1:{self.stack.port}/0"
+
+    def start(self) -> None:
+        self.stack.start_redis()
+
+    def kill(self) -> None:
+        for _, proc in self.stack.procs:
+            proc.kill()
+            proc.wait()
+        self.stack.procs.clear()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    r = PrivateRedis(tmp_path)
+    r.start()
+    yield r
+    r.stack.stop()
+
+
+def submit(env: dict[str, str], play: Path, input: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "submit", str(play), "--input",
+                           input, "--org", f"org-{uuid.uuid4().hex[:6]}"], env=env,
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_redis_restart_mid_run_and_while_submitting(pg_url: str,
+                                                     private_redis: PrivateRedis) -> None:
+    env = worker_env(PLAYRUN_REDIS_URL=private_redis.url, **RECOVERY)
+    w = Worker(env, beat=True)
+    try:
+        w.wait_ready()
+        in_flight = submit(env, PLAYS / "sleepy.py", '{"seconds": 3}')
+        eventually(lambda: "sandbox.live" in kinds(in_flight), what="the run to start")
+        private_redis.kill()  # every queued and unacked message is gone with it
+        # Submitted while the broker is down: the commit stands, the publish fails.
+        while_down = submit(env, ROOT / "examples" / "plays" / "noop.py", "{}")
+        private_redis.start()
+        for run_id in (in_flight, while_down):
+            eventually(lambda rid=run_id: tasks.get_run(rid).status == "succeeded",
+                       timeout=90, what=f"run {run_id} to succeed after the restart")
+    finally:
+        w.stop()
+    assert len(tasks.get_run(in_flight).attempts) == 1
+    assert kinds(in_flight).count("run.succeeded") == 1

@@ -54,3 +54,5 @@ enable_utc = True
 task_time_limit = 300
 task_soft_time_limit = 240
 worker_hijack_root_logger = False
+# Each worker also consumes its own direct queue: the liveness watchdog pings itself there.
+worker_direct = True

@@ -9,6 +9,7 @@ from celery import Celery, bootsteps
 
 from tasks.db import require_current_schema
 from tasks.errors import PlayrunError
+from tasks.maintenance.watchdog import BrokerWatchdog
 from tasks.settings import get_settings
 
 log = logging.getLogger("playrun.worker")
@@ -36,3 +37,4 @@ class SchemaCheck(bootsteps.Step):
 app = Celery("playrun")
 app.config_from_object("celeryconfig")
 app.steps["worker"].add(SchemaCheck)
+app.steps["consumer"].add(BrokerWatchdog)

@@ -81,6 +81,7 @@ TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"
 TASK_SWEEP_DEFERRED: Final = "playrun.sweep_deferred"
 TASK_SANDBOX_GC: Final = "playrun.sandbox_gc"
+TASK_WATCHDOG_PING: Final = "playrun.watchdog_ping"
 
 # Redis key prefixes.
 KEY_PREFIX: Final = "playrun"

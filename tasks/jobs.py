@@ -18,6 +18,7 @@ from tasks.constants import (
     TASK_START_ATTEMPT,
     TASK_SWEEP_OUTBOX,
     TASK_WATCH_ATTEMPT,
+    TASK_WATCHDOG_PING,
 )
 from tasks.execution.watch import watch
 from tasks.fence import Fence
@@ -62,6 +63,11 @@ def _watch(fence: Fence, inline_s: float) -> str:
 @app.task(name=TASK_WATCH_ATTEMPT)
 def watch_attempt(run_id: str, generation: int, lease_token: str) -> str:
     return _watch(Fence(run_id, generation, lease_token), get_settings().watch_inline_s)
+
+
+@app.task(name=TASK_WATCHDOG_PING, ignore_result=True)
+def watchdog_ping() -> None:
+    """Received is what counts (see tasks.maintenance.watchdog); running it is a no-op."""
 
 
 @app.task(name=TASK_RELAY_OUTBOX)

@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     # Broker visibility timeout; must exceed every countdown (checked below).
     visibility_timeout_s: float = Field(default=3600.0, gt=0)
 
+    # A worker that receives none of its own pings for this long exits (0 disables).
+    worker_watchdog_s: float = Field(default=60.0, ge=0)
+
     # Maintenance cadence for `celery beat`.
     sweep_interval_s: float = Field(default=5.0, gt=0)
     reap_interval_s: float = Field(default=10.0, gt=0)

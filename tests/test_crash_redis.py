@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,35 @@ RECOVERY = {
     "PLAYRUN_SWEEP_INTERVAL_S": "0.5",
     "PLAYRUN_OUTBOX_RESEND_AFTER_S": "2",
     "PLAYRUN_WATCH_INLINE_S": "0.5",
+    "PLAYRUN_WORKER_WATCHDOG_S": "6",
 }
+
+
+class Supervisor:
+    """What docker's `restart: unless-stopped` or systemd does: start a worker again
+    when it exits. Celery on Redis may exit or wedge on a broker restart; the watchdog
+    turns a wedge into an exit."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.workers = [Worker(env, beat=True)]
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self.workers[0].wait_ready()
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(0.2):
+            if self.workers[-1].proc.poll() is not None:
+                self.workers.append(Worker(self.env, beat=True))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+        for w in self.workers:
+            w.stop()
 
 
 class PrivateRedis:
@@ -60,9 +89,9 @@ def submit(env: dict[str, str], play: Path, input: str) -> str:
 def test_redis_restart_mid_run_and_while_submitting(pg_url: str,
                                                      private_redis: PrivateRedis) -> None:
     env = worker_env(PLAYRUN_REDIS_URL=private_redis.url, **RECOVERY)
-    w = Worker(env, beat=True)
+    fleet = Supervisor(env)
     try:
-        w.wait_ready()
+        fleet.start()
         in_flight = submit(env, PLAYS / "sleepy.py", '{"seconds": 3}')
         eventually(lambda: "sandbox.live" in kinds(in_flight), what="the run to start")
         private_redis.kill()  # every queued and unacked message is gone with it
@@ -71,8 +100,9 @@ def test_redis_restart_mid_run_and_while_submitting(pg_url: str,
         private_redis.start()
         for run_id in (in_flight, while_down):
             eventually(lambda rid=run_id: tasks.get_run(rid).status == "succeeded",
-                       timeout=90, what=f"run {run_id} to succeed after the restart")
+                       timeout=90, what=f"run {run_id} to succeed after the restart: "
+                       f"{tasks.get_run(run_id)} {kinds(run_id)}")
     finally:
-        w.stop()
+        fleet.stop()
     assert len(tasks.get_run(in_flight).attempts) == 1
     assert kinds(in_flight).count("run.succeeded") == 1

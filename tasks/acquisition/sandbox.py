@@ -78,12 +78,25 @@ def note_requested(fence: Fence, provider: str) -> None:
 def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
     """Record the sandbox live (and promote its capacity lease) under the fence.
 
-    If the fence is lost, the sandbox is recorded for cleanup in its own
-    transaction, deleted, and FenceLostError propagates.
+    A second report of the same sandbox by the same intact attempt is idempotent
+    success, proven from durable state. If the fence is lost, the sandbox is recorded
+    for cleanup in its own transaction (the caller's release deletes it) and
+    FenceLostError propagates.
     """
     try:
         with session_scope() as session:
             hold(session, fence)
+            known = session.scalars(sa.select(RuntimeResource).where(
+                RuntimeResource.provider == ref.provider,
+                RuntimeResource.sandbox_id == ref.sandbox_id)).first()
+            if known is not None:
+                if not (known.run_id == fence.run_id and known.generation == fence.generation
+                        and known.state == RESOURCE_LIVE):
+                    raise FenceLostError(f"sandbox {ref.sandbox_id} is recorded "
+                                         f"{known.state} for another attempt")
+                if promote is not None:
+                    promote(session, ref)  # proves the lease is live for this very sandbox
+                return
             session.add(RuntimeResource(
                 run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
                 sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_LIVE,
@@ -104,6 +117,10 @@ def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
 def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:
     """Keep a durable record of a sandbox nobody will use, so GC deletes it if we cannot."""
     with session_scope() as session:
+        if session.scalar(sa.select(RuntimeResource.id).where(
+                RuntimeResource.provider == ref.provider,
+                RuntimeResource.sandbox_id == ref.sandbox_id)) is not None:
+            return  # already on record; GC judges it by its owner
         session.add(RuntimeResource(
             run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
             sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_CLEANUP,

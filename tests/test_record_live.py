@@ -1,0 +1,72 @@
+"""Recording a sandbox live is idempotent for the same intact attempt (a provider retry
+re-reports it) and a fence loss for anyone else."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from models import CapacityLease, RuntimeResource
+from tasks import ledger
+from tasks.acquisition import capacity
+from tasks.acquisition.claim import Claimed, claim
+from tasks.acquisition.sandbox import record_live
+from tasks.admission.submit import admit
+from tasks.db import session_scope
+from tasks.errors import FenceLostError
+from tasks.fence import Fence, hold
+from tasks.sandbox import SandboxRef
+from tasks.settings import get_settings
+from tests.conftest import ROOT
+
+
+def claimed_run() -> tuple[Claimed, str]:
+    org = f"org-{uuid.uuid4().hex[:8]}"
+    run_id = admit(ROOT / "examples" / "plays" / "noop.py", {}, org, None).run_id
+    with session_scope() as s:
+        c = claim(s, run_id, worker_id="t", lease_seconds=30)
+    assert isinstance(c, Claimed)
+    with session_scope() as s:
+        hold(s, c.fence)
+        lease = capacity.reserve(s, c.fence, org, get_settings()).lease_id
+    return c, lease
+
+
+def ref(sandbox_id: str) -> SandboxRef:
+    return SandboxRef("fake", sandbox_id, {"playrun": "1"}, time.time())
+
+
+def promoter(fence: Fence, lease_id: str):  # type: ignore[no-untyped-def]
+    return lambda session, r: capacity.promote(session, fence, lease_id, r.provider, r.sandbox_id)
+
+
+def test_same_sandbox_same_attempt_twice_is_success_once_in_the_ledger(pg_url: str) -> None:
+    c, lease = claimed_run()
+    sid = f"fsb-{uuid.uuid4().hex[:12]}"
+    record_live(c.fence, ref(sid), promoter(c.fence, lease))
+    record_live(c.fence, ref(sid), promoter(c.fence, lease))
+    with session_scope() as s:
+        live = [e for e in ledger.read(s, c.fence.run_id) if e.kind == "sandbox.live"]
+        rows = s.scalars(sa.select(RuntimeResource).where(
+            RuntimeResource.run_id == c.fence.run_id)).all()
+        state = s.scalar(sa.select(CapacityLease.state).where(CapacityLease.id == lease))
+    assert len(live) == 1 and len(rows) == 1 and state == "live"
+
+
+def test_another_sandbox_or_a_stale_token_is_a_fence_loss(pg_url: str) -> None:
+    c, lease = claimed_run()
+    first = f"fsb-{uuid.uuid4().hex[:12]}"
+    record_live(c.fence, ref(first), promoter(c.fence, lease))
+    other = f"fsb-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(FenceLostError):
+        record_live(c.fence, ref(other), promoter(c.fence, lease))
+    stale = Fence(c.fence.run_id, c.fence.generation, "not-the-token")
+    with pytest.raises(FenceLostError):
+        record_live(stale, ref(first), promoter(stale, lease))
+    with session_scope() as s:
+        states = dict(s.execute(sa.select(RuntimeResource.sandbox_id, RuntimeResource.state)
+                                .where(RuntimeResource.run_id == c.fence.run_id)).all())
+    assert states == {first: "live", other: "cleanup"}

@@ -24,6 +24,9 @@ class RuntimeResource(Base):
     sandbox_id: Mapped[str] = mapped_column(sa.String(256))
     labels: Mapped[Any] = mapped_column(JSONType)
     state: Mapped[str] = mapped_column(sa.String(16), index=True)
+    # The lease token of the attempt holder that owns it: a deferral resumes the same
+    # generation under a new token, so releases never touch the next holder's rows.
+    holder_token: Mapped[str | None] = mapped_column(sa.String(64))
     last_error: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
@@ -54,6 +57,7 @@ class CapacityLease(Base):
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
     generation: Mapped[int] = mapped_column(sa.Integer)
     state: Mapped[str] = mapped_column(sa.String(16))
+    holder_token: Mapped[str | None] = mapped_column(sa.String(64))
     provider: Mapped[str | None] = mapped_column(sa.String(64))
     sandbox_id: Mapped[str | None] = mapped_column(sa.String(256))
     overrun: Mapped[bool] = mapped_column(sa.Boolean, default=False)

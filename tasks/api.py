@@ -146,7 +146,7 @@ def _view(run: Run, attempts: list[Attempt]) -> RunView:
 
 def get_run(run_id: str) -> RunView:
     ensure_schema_once()
-    with session_scope() as session:
+    with session_scope(readonly=True) as session:
         run = session.get(Run, run_id)
         if run is None:
             raise RunNotFoundError(f"no run with id {run_id!r}")
@@ -156,7 +156,7 @@ def get_run(run_id: str) -> RunView:
 
 
 def list_runs(limit: int = 50, org_id: str | None = None) -> list[RunView]:
-    with session_scope() as session:
+    with session_scope(readonly=True) as session:
         stmt = sa.select(Run).order_by(Run.created_at.desc()).limit(limit)
         if org_id:
             stmt = stmt.where(Run.org_id == org_id)
@@ -165,7 +165,7 @@ def list_runs(limit: int = 50, org_id: str | None = None) -> list[RunView]:
 
 def run_events(run_id: str) -> list[ledger.Event]:
     ensure_schema_once()
-    with session_scope() as session:
+    with session_scope(readonly=True) as session:
         if session.get(Run, run_id) is None:
             raise RunNotFoundError(f"no run with id {run_id!r}")
         return ledger.read(session, run_id)

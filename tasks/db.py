@@ -41,7 +41,9 @@ def _sqlite_engine(url: str) -> sa.Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
         # IMMEDIATE takes the write lock up front: claims and fences are serialised.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Read-only sessions take a plain (deferred) BEGIN and never wait for writers.
+        readonly = conn.get_execution_options().get("playrun_readonly", False)
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
     return engine
 
@@ -67,9 +69,15 @@ def dispose_engines() -> None:
 
 
 @contextmanager
-def session_scope(url: str | None = None) -> Iterator[Session]:
-    """A session in one transaction: committed on success, rolled back on error."""
-    factory = sessionmaker(bind=get_engine(url), expire_on_commit=False)
+def session_scope(url: str | None = None, *, readonly: bool = False) -> Iterator[Session]:
+    """A session in one transaction: committed on success, rolled back on error.
+
+    `readonly` sessions must not write; on SQLite they do not take the write lock.
+    """
+    engine = get_engine(url)
+    if readonly:
+        engine = engine.execution_options(playrun_readonly=True)
+    factory = sessionmaker(bind=engine, expire_on_commit=False)
     with factory() as session, session.begin():
         yield session
 

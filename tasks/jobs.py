@@ -7,6 +7,7 @@ from typing import Any
 
 from celery import Task
 
+from tasks.acquisition.claim import seconds_until_due
 from tasks.acquisition.start import start
 from tasks.admission.relay import publish_due, resend_stale
 from tasks.app import app
@@ -37,6 +38,12 @@ def start_attempt(self: Task, run_id: str) -> str:
     if outcome == "locked":
         # Another worker holds the run row right now; look again shortly.
         raise self.retry(countdown=1)
+    if outcome == "not_due":
+        # Early by the worker's clock (the DB clock decides): come back when it is due,
+        # or leave it to the sweep if that is further off than any countdown we allow.
+        left = seconds_until_due(run_id)
+        if left is not None and 0 < left <= settings.max_countdown_s:
+            raise self.retry(countdown=left + 0.05)
     if outcome == "launched":
         from tasks.execution.watch import current_fence
 

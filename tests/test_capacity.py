@@ -293,8 +293,8 @@ def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own
     late = prov.create(SandboxSpec(labels=labels_for(claimed_a, lease_a)))  # A, in flight
     wait_lease_expired(a)
     adopted = _adopt(run_id, settings)
-    assert adopted is not None and adopted[1] is False  # nothing was launched
-    assert defer(adopted[0], "worker_lost", settings, StubApp(), detail="A stopped") == "deferred"
+    assert adopted is not None and adopted.launched is False  # nothing was launched
+    assert defer(adopted.fence, "worker_lost", settings, StubApp(), detail="A stopped") == "deferred"
     assert lease(lease_a)[0] == "released"
     b = eventually(lambda: (lambda r: r.fence if isinstance(r, Claimed) else None)(
         claim_now(run_id, "B")), timeout=10, what="the deferred start to be due")
@@ -308,7 +308,7 @@ def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own
     with pytest.raises(FenceLostError):
         record_live(a, late, lambda s, ref: capacity.promote(s, a, lease_a, ref.provider,
                                                              ref.sandbox_id))
-    release_attempt(run_id, a.generation)
+    release_attempt(run_id, a.generation, a.lease_token)
 
     listed = {r.sandbox_id for r in prov.list({LABEL_RUN: run_id})}
     assert late.sandbox_id not in listed, "the late sandbox was left running"
@@ -323,7 +323,7 @@ def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own
     assert deleted == [{"sandbox_id": late.sandbox_id}]
     # B finishes normally and gives everything back.
     assert settle(b, Outcome(SUCCEEDED, output={}), reason="ended").won
-    release_attempt(run_id, b.generation)
+    release_attempt(run_id, b.generation, b.lease_token)
     assert prov.list({LABEL_RUN: run_id}) == []
     assert lease(lease_b)[0] == "released"
 

@@ -323,7 +323,7 @@ def test_a_stale_fence_cannot_write(pg_url: str, kind: str) -> None:
         wait_lease_expired(first)
         adopted = _adopt(run_id, get_settings())
         assert adopted is not None
-        current = adopted[0]
+        current = adopted.fence
         assert current.generation == first.generation and current.lease_token != first.lease_token
         stale = first
     assert not is_current(stale)
@@ -468,7 +468,7 @@ def test_interleavings_keep_the_fence_invariants(pg_url: str, ops: list[tuple[An
         elif name == "adopt":
             adopted = _adopt(run_id, get_settings())
             if adopted is not None:
-                fences["R"] = adopted[0]
+                fences["R"] = adopted.fence
             else:
                 assert snapshot(run_id) == before
         elif name == "supersede":

@@ -23,7 +23,7 @@ from tasks.constants import (
 )
 from tasks.db import is_postgres, session_scope
 from tasks.errors import CapacityExceededError, FenceLostError
-from tasks.fence import Fence
+from tasks.fence import Fence, lock_run
 from tasks.settings import Settings
 
 RESERVED = "reserved"
@@ -75,7 +75,8 @@ def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> 
         raise CapacityExceededError(CAPACITY_EXCEEDED_MESSAGE)
     lease = CapacityLease(
         org_id=org_id, run_id=fence.run_id, generation=fence.generation, state=RESERVED,
-        overrun=overrun, expires_at=db_now(settings.capacity_reservation_ttl_s),
+        holder_token=fence.lease_token, overrun=overrun,
+        expires_at=db_now(settings.capacity_reservation_ttl_s),
     )
     session.add(lease)
     session.flush()
@@ -110,12 +111,17 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
     raise FenceLostError(f"capacity lease {lease_id} is {state}, not reserved for this attempt")
 
 
-def release_lease(run_id: str, generation: int) -> list[str]:
-    """Release whatever the attempt still holds; each release is recorded once."""
+def release_lease(run_id: str, generation: int, token: str | None = None) -> list[str]:
+    """Release what the holder with `token` (any holder if None) still holds; each
+    release is recorded once."""
     with session_scope() as session:
-        ids = list(session.scalars(sa.select(CapacityLease.id).where(
-            CapacityLease.run_id == run_id, CapacityLease.generation == generation,
-            CapacityLease.state.in_(HELD))))
+        # Run row first, like every writer here, so this never deadlocks with a promote.
+        lock_run(session, run_id)
+        cond = [CapacityLease.run_id == run_id, CapacityLease.generation == generation,
+                CapacityLease.state.in_(HELD)]
+        if token is not None:
+            cond.append(CapacityLease.holder_token == token)
+        ids = list(session.scalars(sa.select(CapacityLease.id).where(*cond)))
         released = []
         for lease_id in ids:
             changed = session.execute(

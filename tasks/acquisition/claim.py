@@ -71,6 +71,12 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
         current.state = ATTEMPT_ACTIVE
         current.worker_id = worker_id
         current.lease_expires_at = db_now(lease_seconds)
+        # A new holder starts from scratch: nothing of an earlier cycle was launched.
+        current.runner_started_at = None
+        current.runner_deadline = None
+        current.sandbox_id = None
+        current.provider = None
+        current.events_offset = 0
         generation = current.generation
     else:
         generation = run.current_generation + 1
@@ -88,3 +94,15 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
         PlayBundle.digest == run.play_digest))
     return Claimed(Fence(run_id, generation, token), run.org_id, source or "", run.input,
                    resumed)
+
+
+def seconds_until_due(run_id: str) -> float | None:
+    """How long until a deferred run is due, by the database clock."""
+    from tasks.db import session_scope
+
+    with session_scope(readonly=True) as session:
+        row = session.execute(sa.select(Run.deferred_until, db_now()).where(
+            Run.id == run_id)).first()
+    if row is None or row[0] is None:
+        return None
+    return float((row[0] - row[1]).total_seconds())

@@ -11,14 +11,17 @@ import logging
 from typing import Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
-from models import Outbox, db_now
+from models import Attempt, Outbox, Run, db_now
 from tasks import ledger
 from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
 from tasks.admission.submit import enqueue_start
 from tasks.constants import (
     ATTEMPT_DEFERRED,
     ATTEMPT_ENDED,
+    CANCELLED,
+    CANCELLED_CODE,
     EV_DEFERRED,
     FAILED,
     QUEUE,
@@ -39,45 +42,67 @@ Cause = Literal["hold", "throttle", "provider_capacity", "provider_rate_limited"
                 "capacity", "worker_lost"]
 
 
+Verdict = Literal["deferred", "exhausted", "cancelled"]
+CANCELLED_OUTCOME = Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled")
+
+
 def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
-          at_least_ms: int = 0, detail: str = "") -> Literal["deferred", "exhausted"]:
-    """Schedule the attempt again later, or fail the run once the budget is spent."""
+          at_least_ms: int = 0, detail: str = "") -> Verdict:
+    """Schedule the attempt again later, or fail the run once the budget is spent.
+
+    A cancel that arrived during acquisition wins over waiting for another try.
+    """
+    outbox_id, delay = None, 0
     with session_scope() as session:
         run, attempt = hold(session, fence)
-        delay = deferral_delay_ms(run.deferral_count, base_ms=settings.deferral_base_ms,
-                                  max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
-        if budget_exhausted(run.deferral_count, run.deferral_total_ms, delay,
-                            max_count=settings.deferral_max_count,
-                            max_total_ms=int(settings.deferral_max_total_s * 1000)):
-            attempt.state = ATTEMPT_ENDED
-            attempt.end_reason = "deferral_exhausted"
-            attempt.ended_at = db_now()
-            message = (f"sandbox start deferred {run.deferral_count} times over "
-                       f"{run.deferral_total_ms / 1000:.1f}s; last cause: {cause}"
-                       + (f" ({detail})" if detail else ""))
-            write_terminal(session, run, Outcome.failed(START_DEFERRAL_EXHAUSTED, message),
-                           fence.generation)
-            verdict: Literal["deferred", "exhausted"] = "exhausted"
-            outbox_id = None
+        if run.cancel_requested_at is not None:
+            _end(session, run, attempt, fence, CANCELLED_OUTCOME, "cancelled")
+            verdict: Verdict = "cancelled"
         else:
-            attempt.state = ATTEMPT_DEFERRED
-            attempt.lease_expires_at = db_now()
-            run.status = QUEUED
-            run.deferred_until = db_now(delay / 1000)
-            run.deferral_count += 1
-            run.deferral_total_ms += delay
-            run.last_deferral_cause = cause
-            ledger.append(session, fence.run_id, EV_DEFERRED,
-                          {"cause": cause, "delay_ms": delay, "detail": detail or None},
-                          fence.generation)
-            outbox_id = enqueue_start(session, fence.run_id, delay_s=delay / 1000)
-            verdict = "deferred"
-    release_attempt(fence.run_id, fence.generation)
-    if verdict == "exhausted":
-        run_settled(fence.run_id, FAILED)
+            delay = deferral_delay_ms(run.deferral_count, base_ms=settings.deferral_base_ms,
+                                      max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
+            if budget_exhausted(run.deferral_count, run.deferral_total_ms, delay,
+                                max_count=settings.deferral_max_count,
+                                max_total_ms=int(settings.deferral_max_total_s * 1000)):
+                message = (f"sandbox start deferred {run.deferral_count} times over "
+                           f"{run.deferral_total_ms / 1000:.1f}s; last cause: {cause}"
+                           + (f" ({detail})" if detail else ""))
+                _end(session, run, attempt, fence,
+                     Outcome.failed(START_DEFERRAL_EXHAUSTED, message), "deferral_exhausted")
+                verdict = "exhausted"
+            else:
+                outbox_id = _park(session, run, attempt, fence, cause, delay, detail)
+                verdict = "deferred"
+    release_attempt(fence.run_id, fence.generation, fence.lease_token)
+    if verdict != "deferred":
+        run_settled(fence.run_id, FAILED if verdict == "exhausted" else CANCELLED)
     elif outbox_id is not None and delay / 1000 <= settings.max_countdown_s:
         _publish_with_countdown(app, outbox_id, fence.run_id, delay / 1000)
     return verdict
+
+
+def _end(session: Session, run: Run, attempt: Attempt, fence: Fence, outcome: Outcome,
+         reason: str) -> None:
+    attempt.state = ATTEMPT_ENDED
+    attempt.end_reason = reason
+    attempt.ended_at = db_now()
+    write_terminal(session, run, outcome, fence.generation)
+
+
+def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cause,
+          delay: int, detail: str) -> str:
+    """The attempt waits (same generation); the next start is an outbox row due later."""
+    attempt.state = ATTEMPT_DEFERRED
+    attempt.lease_expires_at = db_now()
+    run.status = QUEUED
+    run.deferred_until = db_now(delay / 1000)
+    run.deferral_count += 1
+    run.deferral_total_ms += delay
+    run.last_deferral_cause = cause
+    ledger.append(session, fence.run_id, EV_DEFERRED,
+                  {"cause": cause, "delay_ms": delay, "detail": detail or None},
+                  fence.generation)
+    return enqueue_start(session, fence.run_id, delay_s=delay / 1000)
 
 
 def _publish_with_countdown(app: Any, outbox_id: str, run_id: str, countdown: float) -> None:

@@ -32,9 +32,9 @@ from tasks.constants import (
 )
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import Fence, hold
+from tasks.fence import Fence, hold, renew
 from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec
-from tasks.settings import Settings
+from tasks.settings import Settings, get_settings
 
 log = logging.getLogger("playrun.acquisition")
 
@@ -86,6 +86,7 @@ def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
     try:
         with session_scope() as session:
             hold(session, fence)
+            renew(session, fence, get_settings().lease_seconds)  # a slow create used some
             known = session.scalars(sa.select(RuntimeResource).where(
                 RuntimeResource.provider == ref.provider,
                 RuntimeResource.sandbox_id == ref.sandbox_id)).first()
@@ -100,6 +101,7 @@ def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
             session.add(RuntimeResource(
                 run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
                 sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_LIVE,
+                holder_token=fence.lease_token,
             ))
             session.execute(sa.update(Attempt).where(
                 Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
@@ -124,7 +126,7 @@ def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:
         session.add(RuntimeResource(
             run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
             sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_CLEANUP,
-            last_error=why, updated_at=db_now(),
+            holder_token=fence.lease_token, last_error=why, updated_at=db_now(),
         ))
 
 

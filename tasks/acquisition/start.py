@@ -18,9 +18,9 @@ from tasks.acquisition.sandbox import create, record_live
 from tasks.constants import CANCELLED, CANCELLED_CODE, SANDBOX_START_FAILED
 from tasks.db import session_scope
 from tasks.errors import CapacityExceededError, FenceLostError
-from tasks.execution.launch import launch
+from tasks.execution.launch import launch, mark_launching
 from tasks.execution.watch import finish
-from tasks.fence import hold
+from tasks.fence import hold, renew
 from tasks.release.attempt import release_attempt
 from tasks.runtime import provider as provider_for
 from tasks.runtime import worker_id
@@ -46,15 +46,17 @@ def open_attempt(run_id: str, settings: Settings) -> Claimed | Skipped:
     return result
 
 
-def _policy(claimed: Claimed) -> traffic.Policy:
+def _policy(claimed: Claimed, settings: Settings) -> traffic.Policy:
     with session_scope() as session:
         hold(session, claimed.fence)
+        renew(session, claimed.fence, settings.lease_seconds)
         return traffic.current(session)
 
 
 def _reserve(claimed: Claimed, settings: Settings) -> str:
     with session_scope() as session:
         hold(session, claimed.fence)
+        renew(session, claimed.fence, settings.lease_seconds)
         return capacity.reserve(session, claimed.fence, claimed.org_id, settings).lease_id
 
 
@@ -62,7 +64,7 @@ def acquire_sandbox(claimed: Claimed, settings: Settings, app: Any) -> SandboxRe
     """Returns the live sandbox, or None when the attempt was deferred or settled."""
     fence = claimed.fence
     provider: SandboxProvider = provider_for()
-    policy = _policy(claimed)
+    policy = _policy(claimed, settings)
     if policy.mode == traffic.HOLD:
         defer(fence, "hold", settings, app, detail="hold_new_sandbox_starts is in force")
         return None
@@ -108,6 +110,10 @@ def start(run_id: str, settings: Settings, app: Any) -> str:
         ref = acquire_sandbox(opened, settings, app)
         if ref is None:
             return "deferred_or_settled"
+        if mark_launching(fence, settings) == "cancelled":
+            finish(fence, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"),
+                   "cancelled")
+            return "deferred_or_settled"
         try:
             launch(fence, provider_for(ref.provider), ref.sandbox_id, opened.org_id, settings)
         except ProviderError as exc:
@@ -120,6 +126,6 @@ def start(run_id: str, settings: Settings, app: Any) -> str:
     except FenceLostError as exc:
         log.warning("run %s gen %s lost its fence during start: %s", run_id,
                     fence.generation, exc)
-        release_attempt(run_id, fence.generation)
+        release_attempt(run_id, fence.generation, fence.lease_token)
         return "fence_lost"
     return "launched"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.constants import MAX_EVENT_BYTES
+from tasks.settlement.outcome import clean
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,6 @@ def parse_lines(chunk: bytes) -> tuple[list[Progress], int]:
         if not isinstance(doc, dict):
             continue
         fields = doc.get("fields")
-        found.append(Progress(str(doc.get("message", ""))[:MAX_EVENT_BYTES],
-                              fields if isinstance(fields, dict) else {}))
+        found.append(Progress(clean(str(doc.get("message", ""))[:MAX_EVENT_BYTES]),
+                              clean(fields) if isinstance(fields, dict) else {}))
     return found, end + 1

@@ -1,7 +1,9 @@
 """Watch a detached runner: record its progress, renew the lease, settle when it ends.
 
 A watch polls in place for a short window and then hands off to a fresh Celery
-task, so a long play never holds a worker slot.
+task, so a long play never holds a worker slot. Provider reads happen outside
+database transactions; the consumed byte offset is a compare-and-set, so two
+watchers of one attempt never record a line twice.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tasks.constants import (
     EVENTS_FILE,
     MAX_EVENTS_READ_BYTES,
     MAX_RESULT_FILE_BYTES,
+    OUTPUT_INVALID,
     RESULT_FILE,
     RUNTIME_RUNNER_LOST,
 )
@@ -30,7 +33,7 @@ from tasks.errors import FenceLostError
 from tasks.execution.progress import parse_lines
 from tasks.fence import Fence, hold, renew
 from tasks.release.attempt import release_attempt
-from tasks.sandbox import ProcessStatus, SandboxNotFoundError, SandboxProvider
+from tasks.sandbox import ProcessStatus, ProviderError, SandboxNotFoundError, SandboxProvider
 from tasks.settings import Settings
 from tasks.settlement.outcome import Outcome, from_result, without_result
 from tasks.settlement.terminal import settle
@@ -49,35 +52,42 @@ class Tick:
     past_deadline: bool
 
 
+def _where(fence: Fence) -> tuple[str, int]:
+    with session_scope(readonly=True) as session:
+        row = session.execute(sa.select(Attempt.sandbox_id, Attempt.events_offset).where(
+            Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
+            Attempt.lease_token == fence.lease_token)).first()
+    if row is None or row[0] is None:
+        raise FenceLostError("the attempt has no sandbox to watch")
+    return row[0], row[1]
+
+
+def _read_events(provider: SandboxProvider, sandbox_id: str, offset: int) -> bytes:
+    try:
+        chunk = provider.read_file(sandbox_id, EVENTS_FILE, offset=offset,
+                                   max_bytes=MAX_EVENTS_READ_BYTES)
+    except ProviderError as exc:  # gone or unreadable: progress is best effort
+        log.info("progress of sandbox %s unreadable: %s", sandbox_id, exc)
+        return b""
+    return chunk.data if chunk is not None else b""
+
+
 def _record_progress(provider: SandboxProvider, fence: Fence, settings: Settings) -> Tick:
     """One fenced step: new progress lines, lease renewal, and what the run asks of us."""
+    sandbox_id, offset = _where(fence)
+    found, used = parse_lines(_read_events(provider, sandbox_id, offset))
     with session_scope() as session:
         run, attempt = hold(session, fence)
-        if attempt.sandbox_id is None:
-            raise FenceLostError("attempt has no sandbox to watch")
-        chunk = provider.read_file(attempt.sandbox_id, EVENTS_FILE,
-                                   offset=attempt.events_offset,
-                                   max_bytes=MAX_EVENTS_READ_BYTES)
-        if chunk is not None and chunk.data:
-            found, used = parse_lines(chunk.data)
+        if used and attempt.events_offset == offset:
             for item in found:
                 ledger.append(session, fence.run_id, EV_PROGRESS,
                               {"message": item.message, "fields": item.fields},
                               fence.generation)
-            attempt.events_offset += used
+            attempt.events_offset = offset + used
         renew(session, fence, settings.lease_seconds)
         past = session.scalar(sa.select(Attempt.runner_deadline < db_now()).where(
             Attempt.id == attempt.id))
-        return Tick(attempt.sandbox_id, run.cancel_requested_at is not None, bool(past))
-
-
-def _outcome_from_sandbox(provider: SandboxProvider, sandbox_id: str,
-                          status: ProcessStatus) -> Outcome:
-    """Read what the runner left; never runs anything in the sandbox."""
-    found = provider.read_file(sandbox_id, RESULT_FILE, max_bytes=MAX_RESULT_FILE_BYTES)
-    if found is not None and found.data:
-        return from_result(found.data, truncated=found.truncated)
-    return without_result(status.exit_code, status.timed_out)
+        return Tick(sandbox_id, run.cancel_requested_at is not None, bool(past))
 
 
 def _poll(provider: SandboxProvider, sandbox_id: str) -> ProcessStatus:
@@ -87,14 +97,41 @@ def _poll(provider: SandboxProvider, sandbox_id: str) -> ProcessStatus:
         return ProcessStatus(state="missing")
 
 
+def outcome_from_sandbox(provider: SandboxProvider, sandbox_id: str,
+                         status: ProcessStatus) -> Outcome:
+    """Read what the runner left; never runs anything in the sandbox, never raises."""
+    try:
+        found = provider.read_file(sandbox_id, RESULT_FILE, max_bytes=MAX_RESULT_FILE_BYTES)
+    except SandboxNotFoundError:
+        found = None
+    except ProviderError as exc:
+        return Outcome.failed(OUTPUT_INVALID, f"the result file could not be read: {exc}")
+    if found is not None and found.data:
+        return from_result(found.data, truncated=found.truncated)
+    return without_result(status.exit_code, status.timed_out)
+
+
+def inspect(provider: SandboxProvider, fence: Fence) -> Outcome:
+    """The lost-runner inspection: a result found in the sandbox wins, else RUNNER_LOST."""
+    try:
+        sandbox_id, _ = _where(fence)
+    except FenceLostError:
+        return Outcome.failed(RUNTIME_RUNNER_LOST, "the runner has no sandbox on record")
+    outcome = outcome_from_sandbox(provider, sandbox_id, _poll(provider, sandbox_id))
+    if outcome.code == RUNTIME_RUNNER_LOST:
+        return Outcome.failed(RUNTIME_RUNNER_LOST,
+                              "the runner passed its deadline without a result")
+    return outcome
+
+
 def finish(fence: Fence, outcome: Outcome, reason: str) -> None:
-    """Settle (first write wins) and release what the attempt held, whoever won."""
+    """Settle (first write wins) and release what this holder held, whoever won."""
     try:
         result = settle(fence, outcome, reason=reason)
         if not result.won:
             log.info("run %s was already %s", fence.run_id, result.outcome.status)
     finally:
-        release_attempt(fence.run_id, fence.generation)
+        release_attempt(fence.run_id, fence.generation, fence.lease_token)
 
 
 def watch(fence: Fence, provider: SandboxProvider, settings: Settings,
@@ -115,8 +152,12 @@ def watch(fence: Fence, provider: SandboxProvider, settings: Settings,
             next_tick = time.monotonic() + TICK_EVERY_S
         status = _poll(provider, tick.sandbox_id)
         if tick.cancel_requested:
-            # The sandbox goes before the final run write (SPEC 4.10).
-            provider.delete(tick.sandbox_id)
+            # The sandbox goes before the final run write (SPEC 4.10); if the delete
+            # fails here, the release after the write tries again.
+            try:
+                provider.delete(tick.sandbox_id)
+            except ProviderError as exc:
+                log.warning("cancel: sandbox %s not deleted yet: %s", tick.sandbox_id, exc)
             finish(fence, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"),
                    "cancelled")
             return "settled"
@@ -125,15 +166,11 @@ def watch(fence: Fence, provider: SandboxProvider, settings: Settings,
                 _record_progress(provider, fence, settings)  # the last lines before exit
             except FenceLostError:
                 return "fence_lost"
-            finish(fence, _outcome_from_sandbox(provider, tick.sandbox_id, status), "ended")
+            finish(fence, outcome_from_sandbox(provider, tick.sandbox_id, status), "ended")
             return "settled"
         if tick.past_deadline:
-            outcome = _outcome_from_sandbox(provider, tick.sandbox_id, status)
-            provider.delete(tick.sandbox_id)
-            if outcome.code == RUNTIME_RUNNER_LOST:
-                outcome = Outcome.failed(
-                    RUNTIME_RUNNER_LOST, "the runner passed its deadline without a result")
-            finish(fence, outcome, "runner_lost")
+            # Settle first, from what the sandbox holds; the release then deletes it.
+            finish(fence, inspect(provider, fence), "runner_lost")
             return "settled"
         if time.monotonic() >= deadline:
             return "again"
@@ -143,7 +180,7 @@ def watch(fence: Fence, provider: SandboxProvider, settings: Settings,
 
 def current_fence(run_id: str) -> Fence | None:
     """The active attempt's fence, for maintenance that adopts a watch."""
-    with session_scope() as session:
+    with session_scope(readonly=True) as session:
         row = session.execute(
             sa.select(Attempt.generation, Attempt.lease_token)
             .join(Run, Run.id == Attempt.run_id)

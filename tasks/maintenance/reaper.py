@@ -37,6 +37,7 @@ class ReapReport:
     reservations_expired: int = 0
     adopted_watch: list[str] = field(default_factory=list)
     adopted_precode: list[str] = field(default_factory=list)
+    settled_overdue: list[str] = field(default_factory=list)
     releases_retried: int = 0
 
 
@@ -70,8 +71,15 @@ def expire_reservations() -> int:
     return expired
 
 
-def _adopt(run_id: str, settings: Settings) -> tuple[Fence, bool] | None:
-    """Take over an expired attempt with a new token; True if its runner was launched."""
+@dataclass(frozen=True)
+class Adopted:
+    fence: Fence
+    launched: bool
+    overdue: bool  # far past the runner's deadline: watching has not been able to settle it
+
+
+def _adopt(run_id: str, settings: Settings) -> Adopted | None:
+    """Take over an expired attempt under a new token; its rows move to the new holder."""
     with session_scope() as session:
         run = lock_run(session, run_id)
         if run is None or run.status in TERMINAL_STATUSES:
@@ -81,53 +89,73 @@ def _adopt(run_id: str, settings: Settings) -> tuple[Fence, bool] | None:
             Attempt.state == ATTEMPT_ACTIVE, Attempt.lease_expires_at < db_now())).first()
         if attempt is None:
             return None
-        attempt.lease_token = secrets.token_hex(16)
+        old, new = attempt.lease_token, secrets.token_hex(16)
+        overdue = bool(session.scalar(sa.select(
+            Attempt.runner_deadline < db_now(-2 * settings.lease_seconds)
+        ).where(Attempt.id == attempt.id)))
+        attempt.lease_token = new
         attempt.lease_expires_at = db_now(settings.lease_seconds)
         attempt.worker_id = "reaper"
-        return (Fence(run_id, attempt.generation, attempt.lease_token),
-                attempt.runner_started_at is not None)
+        for model in (RuntimeResource, CapacityLease):
+            session.execute(sa.update(model).where(
+                model.run_id == run_id, model.generation == attempt.generation,
+                model.holder_token == old).values(holder_token=new))
+        return Adopted(Fence(run_id, attempt.generation, new),
+                       attempt.runner_started_at is not None, overdue)
+
+
+def _recover(adopted: Adopted, settings: Settings, app: Any, report: ReapReport) -> None:
+    from tasks.acquisition.deferral import defer
+    from tasks.execution.watch import finish, inspect
+    from tasks.runtime import provider
+
+    fence = adopted.fence
+    if not adopted.launched:
+        # Nothing of the customer's ran: deferring (and so retrying) is safe.
+        defer(fence, "worker_lost", settings, app,
+              detail="the worker starting this attempt stopped before the runner launched")
+        report.adopted_precode.append(fence.run_id)
+    elif adopted.overdue:
+        # A backstop for a runner nobody can watch (its sandbox unreadable, say).
+        finish(fence, inspect(provider(), fence), "runner_lost")
+        report.settled_overdue.append(fence.run_id)
+    else:
+        app.send_task(TASK_WATCH_ATTEMPT, args=[fence.run_id, fence.generation,
+                                                fence.lease_token])
+        report.adopted_watch.append(fence.run_id)
 
 
 def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
-    from tasks.acquisition.deferral import defer
-
-    with session_scope() as session:
+    with session_scope(readonly=True) as session:
         run_ids = list(session.scalars(
             sa.select(Attempt.run_id).join(Run, Run.id == Attempt.run_id).where(
                 Attempt.state == ATTEMPT_ACTIVE, Attempt.lease_expires_at < db_now(),
                 Attempt.generation == Run.current_generation).limit(200)))
     for run_id in run_ids:
-        adopted = _adopt(run_id, settings)
-        if adopted is None:
-            continue
-        fence, launched = adopted
-        if launched:
-            app.send_task(TASK_WATCH_ATTEMPT, args=[fence.run_id, fence.generation,
-                                                    fence.lease_token])
-            report.adopted_watch.append(run_id)
-        else:
-            defer(fence, "worker_lost", settings, app,
-                  detail="the worker starting this attempt stopped before the runner launched")
-            report.adopted_precode.append(run_id)
+        try:
+            adopted = _adopt(run_id, settings)
+            if adopted is not None:
+                _recover(adopted, settings, app, report)
+        except Exception:
+            log.exception("recovering run %s failed; the next pass tries again", run_id)
 
 
 def retry_releases(report: ReapReport) -> None:
-    """Sandboxes and leases of ended attempts that an earlier release left behind."""
-    with session_scope() as session:
-        stale = sa.select(Attempt.run_id, Attempt.generation).where(
-            Attempt.state != ATTEMPT_ACTIVE, Attempt.state != "deferred")
-        pairs = set(session.execute(
-            sa.select(RuntimeResource.run_id, RuntimeResource.generation).where(
-                RuntimeResource.state != RESOURCE_DELETED,
-                sa.tuple_(RuntimeResource.run_id, RuntimeResource.generation).in_(stale))
-        ).all())
-        pairs |= set(session.execute(
-            sa.select(CapacityLease.run_id, CapacityLease.generation).where(
-                CapacityLease.state.in_(HELD),
-                sa.tuple_(CapacityLease.run_id, CapacityLease.generation).in_(stale))
-        ).all())
-    for run_id, generation in pairs:
-        release_attempt(run_id, generation)
+    """Sandboxes and leases whose holder is no longer the active attempt's holder."""
+    current = sa.select(Attempt.run_id, Attempt.generation, Attempt.lease_token).where(
+        Attempt.state == ATTEMPT_ACTIVE)
+    found: set[tuple[str, int, str]] = set()
+    with session_scope(readonly=True) as session:
+        for model, held in ((RuntimeResource, RuntimeResource.state != RESOURCE_DELETED),
+                            (CapacityLease, CapacityLease.state.in_(HELD))):
+            holder = sa.func.coalesce(model.holder_token, "")
+            for run_id, generation, token in session.execute(
+                sa.select(model.run_id, model.generation, holder).where(
+                    held, sa.tuple_(model.run_id, model.generation, holder).not_in(current))
+            ).all():
+                found.add((run_id, generation, token))
+    for run_id, generation, token in found:
+        release_attempt(run_id, generation, token)
         report.releases_retried += 1
 
 

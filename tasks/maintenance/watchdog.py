@@ -19,6 +19,7 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import task_received
 from celery.utils.nodenames import worker_direct
+from celery.worker import state as worker_state
 
 from tasks.constants import TASK_WATCHDOG_PING
 from tasks.settings import get_settings
@@ -48,7 +49,9 @@ class BrokerWatchdog(bootsteps.StartStopStep):
     def start(self, parent: Any) -> None:
         if self.threshold <= 0 or self.thread is not None:
             return
-        self.thread = threading.Thread(target=self._loop, args=(parent.app, parent.hostname),
+        capacity = int(getattr(parent, "initial_prefetch_count", 0) or 0)
+        self.thread = threading.Thread(target=self._loop,
+                                       args=(parent.app, parent.hostname, capacity),
                                        name="playrun-watchdog", daemon=True)
         self.thread.start()
 
@@ -59,7 +62,7 @@ class BrokerWatchdog(bootsteps.StartStopStep):
     def shutdown(self, parent: Any) -> None:
         self.stop_event.set()
 
-    def _loop(self, app: Any, hostname: str) -> None:
+    def _loop(self, app: Any, hostname: str, capacity: int) -> None:
         global _last_received
         every = max(0.5, self.threshold / 6)
         queue = worker_direct(hostname)
@@ -74,6 +77,11 @@ class BrokerWatchdog(bootsteps.StartStopStep):
                 published_since = None
                 continue
             now = time.monotonic()
+            if capacity and len(worker_state.reserved_requests) >= capacity:
+                # Every prefetch slot holds an unacked task: the consumer is not allowed to
+                # receive anything, pings included. That is busy, not wedged.
+                published_since = None
+                continue
             if published_since is None:
                 published_since = now
             silent = now - max(_last_received, published_since)

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from models import RuntimeResource, db_now
 from tasks import ledger
-from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_CLEANUP, RESOURCE_DELETED
+from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_DELETED
 from tasks.db import session_scope
 from tasks.errors import PlayrunError
 
@@ -41,16 +41,14 @@ def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_i
     return True
 
 
-def release_sandboxes(run_id: str, generation: int, *, only_cleanup: bool = False) -> int:
-    """Delete every sandbox the attempt still has (with only_cleanup, only those recorded
-    for cleanup); returns how many are left undeleted."""
-    wanted = (RuntimeResource.state == RESOURCE_CLEANUP if only_cleanup
-              else RuntimeResource.state != RESOURCE_DELETED)
+def release_sandboxes(run_id: str, generation: int, token: str) -> int:
+    """Delete every sandbox this holder still has; returns how many are left undeleted."""
     with session_scope() as session:
         rows = session.execute(
             sa.select(RuntimeResource.id, RuntimeResource.provider, RuntimeResource.sandbox_id)
             .where(RuntimeResource.run_id == run_id, RuntimeResource.generation == generation,
-                   wanted)
+                   RuntimeResource.holder_token == token,
+                   RuntimeResource.state != RESOURCE_DELETED)
         ).all()
     left = 0
     for rid, prov, sid in rows:

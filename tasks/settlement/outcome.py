@@ -22,6 +22,18 @@ _KNOWN_CODES = frozenset({
 MAX_ERROR_CHARS = 8192
 
 
+def clean(value: Any) -> Any:
+    """Make play-supplied JSON storable everywhere: PostgreSQL text and JSONB refuse NUL
+    characters and lone surrogates, so one odd string must not make a run unsettleable."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
 class Outcome:
     status: str
@@ -31,7 +43,7 @@ class Outcome:
 
     @classmethod
     def failed(cls, code: str, error: str) -> Outcome:
-        return cls(FAILED, code, error[:MAX_ERROR_CHARS])
+        return cls(FAILED, code, clean(error[:MAX_ERROR_CHARS]))
 
 
 def from_result(raw: bytes, *, truncated: bool = False) -> Outcome:
@@ -49,7 +61,7 @@ def from_result(raw: bytes, *, truncated: bool = False) -> Outcome:
         if size > MAX_OUTPUT_BYTES:
             return Outcome.failed(OUTPUT_INVALID,
                                   f"output is {size} bytes; the limit is {MAX_OUTPUT_BYTES}")
-        return Outcome(SUCCEEDED, output=doc["output"])
+        return Outcome(SUCCEEDED, output=clean(doc["output"]))
     if doc.get("status") == FAILED and isinstance(doc.get("code"), str):
         code = doc["code"] if doc["code"] in _KNOWN_CODES else "PLAY_ERROR"
         return Outcome.failed(code, str(doc.get("error") or code))

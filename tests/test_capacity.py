@@ -294,7 +294,8 @@ def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own
     wait_lease_expired(a)
     adopted = _adopt(run_id, settings)
     assert adopted is not None and adopted.launched is False  # nothing was launched
-    assert defer(adopted.fence, "worker_lost", settings, StubApp(), detail="A stopped") == "deferred"
+    assert defer(adopted.fence, "worker_lost", settings, StubApp(),
+                 detail="A stopped") == "deferred"
     assert lease(lease_a)[0] == "released"
     b = eventually(lambda: (lambda r: r.fence if isinstance(r, Claimed) else None)(
         claim_now(run_id, "B")), timeout=10, what="the deferred start to be due")

@@ -173,6 +173,15 @@ def capacity_set(org: str, limit: int) -> None:
 
 
 @app.command()
+def stats(since: Annotated[str, typer.Option("--since")] = "1h") -> None:
+    """Runs by status, and terminals, deferrals, overruns and starts in the window."""
+    from tasks.durations import parse_duration
+    from tasks.stats import as_dict, collect
+
+    print(json.dumps(as_dict(collect(parse_duration(since))), indent=2, sort_keys=True))
+
+
+@app.command()
 def gc(grace: float | None = None) -> None:
     """Run one sandbox GC pass now and print what it did."""
     from tasks.maintenance.gc import collect

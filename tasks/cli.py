@@ -164,11 +164,20 @@ def capacity_show() -> None:
 
 
 @capacity_app.command("set")
-def capacity_set(org: str, limit: int) -> None:
-    """Set ORG's concurrent-sandbox limit (a negative LIMIT removes the override)."""
+def capacity_set(org: str, limit: Annotated[int, typer.Argument(min=0)]) -> None:
+    """Set ORG's concurrent-sandbox limit (0 stops its starts)."""
     from tasks.acquisition import capacity
 
-    capacity.set_limit(org, None if limit < 0 else limit)
+    capacity.set_limit(org, limit)
+    capacity_show()
+
+
+@capacity_app.command("unset")
+def capacity_unset(org: str) -> None:
+    """Remove ORG's override: it gets PLAYRUN_ORG_CAPACITY again."""
+    from tasks.acquisition import capacity
+
+    capacity.set_limit(org, None)
     capacity_show()
 
 

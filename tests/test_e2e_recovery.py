@@ -81,12 +81,13 @@ def test_an_attempt_lost_before_launch_is_deferred_and_then_completes(pg_url: st
     assert [a.generation for a in tasks.get_run(handle.id).attempts] == [1]
 
 
-def test_worker_refuses_an_unmigrated_database() -> None:
+@pytest.mark.parametrize("role", ["worker", "beat"])
+def test_worker_and_beat_refuse_an_unmigrated_database(role: str) -> None:
     name = f"playrun_empty_{secrets.token_hex(4)}"
     _psql(f'CREATE DATABASE "{name}"')
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--loglevel=INFO"],
+            [sys.executable, "-m", "celery", "-A", "tasks", role, "--loglevel=INFO"],
             env=worker_env(PLAYRUN_DATABASE_URL=f"{PG_BASE}/{name}"), cwd=str(ROOT),
             capture_output=True, text=True, timeout=60)
     finally:

@@ -118,3 +118,39 @@ def test_a_play_past_its_time_limit_fails_with_run_timeout(pg_url: str) -> None:
         w.stop()
     assert (result.status, result.code) == ("failed", "RUN_TIMEOUT")
     assert "run.progress" in kinds(handle.id)  # it did start: this is not a pre-code failure
+
+
+def test_worker_killed_during_a_slow_sandbox_create_runs_the_play_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL while the provider is still creating: nothing of the customer's ran, the
+    reaper defers the start (same generation), a new worker runs the play exactly once."""
+    from tasks.sandbox import FakeScript
+    from tests.conftest import SANDBOX_ROOT
+
+    marker = tmp_path / "ran.txt"
+    script = FakeScript(SANDBOX_ROOT)
+    script.reset()
+    script.set(latency_ms=4000)
+    env = worker_env(PLAYRUN_SANDBOX_PROVIDER="fake", PLAYRUN_DEFERRAL_BASE_MS="200",
+                     **FAST_RECOVERY)
+    first = Worker(env, beat=True)
+    first.wait_ready()
+    handle = tasks.submit_run(PLAYS / "counter.py", input={"path": str(marker), "seconds": 0.2},
+                              org_id=f"org-{uuid.uuid4().hex[:6]}")
+    eventually(lambda: "sandbox.requested" in kinds(handle.id), what="the create to begin")
+    first.stop(signal.SIGKILL)
+    script.set(latency_ms=0)
+    second = Worker(env, beat=True)
+    try:
+        second.wait_ready()
+        result = handle.wait(timeout=60)
+        eventually(lambda: "capacity.released" in kinds(handle.id), what="release")
+    finally:
+        second.stop()
+        script.reset()
+    assert result.status == "succeeded", result
+    assert marker.read_text().count("\n") == 1
+    causes = [e.data["cause"] for e in tasks.run_events(handle.id) if e.kind == "run.deferred"]
+    assert causes == ["worker_lost"]
+    assert [a.generation for a in tasks.get_run(handle.id).attempts] == [1]

@@ -42,8 +42,8 @@ def start_attempt(self: Task, run_id: str) -> str:
         # Early by the worker's clock (the DB clock decides): come back when it is due,
         # or leave it to the sweep if that is further off than any countdown we allow.
         left = seconds_until_due(run_id)
-        if left is not None and 0 < left <= settings.max_countdown_s:
-            raise self.retry(countdown=left + 0.05)
+        if left is not None and left <= settings.max_countdown_s:
+            raise self.retry(countdown=max(left, 0.0) + 0.05)
     if outcome == "launched":
         from tasks.execution.watch import current_fence
 

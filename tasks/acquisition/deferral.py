@@ -21,7 +21,6 @@ from tasks.constants import (
     ATTEMPT_DEFERRED,
     ATTEMPT_ENDED,
     CANCELLED,
-    CANCELLED_CODE,
     EV_DEFERRED,
     FAILED,
     QUEUE,
@@ -33,7 +32,7 @@ from tasks.fence import Fence, hold
 from tasks.notify import run_settled
 from tasks.release.attempt import release_attempt
 from tasks.settings import Settings
-from tasks.settlement.outcome import Outcome
+from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import write_terminal
 
 log = logging.getLogger("playrun.deferral")
@@ -43,7 +42,6 @@ Cause = Literal["hold", "throttle", "provider_capacity", "provider_rate_limited"
 
 
 Verdict = Literal["deferred", "exhausted", "cancelled"]
-CANCELLED_OUTCOME = Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled")
 
 
 def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
@@ -52,6 +50,11 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
 
     A cancel that arrived during acquisition wins over waiting for another try.
     """
+    if _cancel_requested(fence.run_id):
+        from tasks.execution.watch import finish
+
+        finish(fence, CANCELLED_OUTCOME, "cancelled")  # deletes any sandbox first
+        return "cancelled"
     outbox_id, delay = None, 0
     with session_scope() as session:
         run, attempt = hold(session, fence)
@@ -79,6 +82,12 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
     elif outbox_id is not None and delay / 1000 <= settings.max_countdown_s:
         _publish_with_countdown(app, outbox_id, fence.run_id, delay / 1000)
     return verdict
+
+
+def _cancel_requested(run_id: str) -> bool:
+    with session_scope(readonly=True) as session:
+        return bool(session.scalar(sa.select(Run.cancel_requested_at.is_not(None)).where(
+            Run.id == run_id)))
 
 
 def _end(session: Session, run: Run, attempt: Attempt, fence: Fence, outcome: Outcome,

@@ -15,7 +15,7 @@ from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.acquisition.deferral import defer
 from tasks.acquisition.sandbox import create, record_live
-from tasks.constants import CANCELLED, CANCELLED_CODE, SANDBOX_START_FAILED
+from tasks.constants import SANDBOX_START_FAILED
 from tasks.db import session_scope
 from tasks.errors import CapacityExceededError, FenceLostError
 from tasks.execution.launch import launch, mark_launching
@@ -26,7 +26,7 @@ from tasks.runtime import provider as provider_for
 from tasks.runtime import worker_id
 from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
 from tasks.settings import Settings
-from tasks.settlement.outcome import Outcome
+from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import settle_unattended
 
 log = logging.getLogger("playrun.start")
@@ -42,7 +42,7 @@ def open_attempt(run_id: str, settings: Settings) -> Claimed | Skipped:
     with session_scope() as session:
         result = claim(session, run_id, worker_id=worker_id(), lease_seconds=settings.lease_seconds)
     if isinstance(result, Skipped) and result.reason == "cancel":
-        settle_unattended(run_id, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"))
+        settle_unattended(run_id, CANCELLED_OUTCOME)
     return result
 
 
@@ -111,14 +111,18 @@ def start(run_id: str, settings: Settings, app: Any) -> str:
         if ref is None:
             return "deferred_or_settled"
         if mark_launching(fence, settings) == "cancelled":
-            finish(fence, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"),
-                   "cancelled")
+            finish(fence, CANCELLED_OUTCOME, "cancelled")
             return "deferred_or_settled"
         try:
             launch(fence, provider_for(ref.provider), ref.sandbox_id, opened.org_id, settings)
         except ProviderError as exc:
-            # The runner did not start, so no customer code ran: safe to retry or fail.
-            if exc.kind in ("transport", "not_found"):
+            if exc.kind == "transport":
+                # Ambiguous: the runner may have started. Never retry it; the watcher
+                # settles from the sandbox, or reports the runner lost.
+                log.warning("launch of run %s unconfirmed (%s); watching", run_id, exc)
+                return "launched"
+            if exc.kind == "not_found":
+                # The sandbox vanished before exec: no customer code ran, retrying is safe.
                 defer(fence, "transport", settings, app, detail=str(exc)[:200])
             else:
                 finish(fence, Outcome.failed(SANDBOX_START_FAILED, str(exc)), "start_failed")

@@ -6,12 +6,11 @@ events, so a redelivered or duplicated watcher never records a line twice.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from tasks.constants import MAX_EVENT_BYTES
-from tasks.settlement.outcome import clean
+from tasks.settlement.outcome import clean, strict_loads
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ def parse_lines(chunk: bytes) -> tuple[list[Progress], int]:
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)
+            doc = strict_loads(line)
         except ValueError:
             continue
         if not isinstance(doc, dict):

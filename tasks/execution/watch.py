@@ -18,8 +18,7 @@ import sqlalchemy as sa
 from models import Attempt, Run, db_now
 from tasks import ledger
 from tasks.constants import (
-    CANCELLED,
-    CANCELLED_CODE,
+    ATTEMPT_ACTIVE,
     EV_PROGRESS,
     EVENTS_FILE,
     MAX_EVENTS_READ_BYTES,
@@ -33,9 +32,10 @@ from tasks.errors import FenceLostError
 from tasks.execution.progress import parse_lines
 from tasks.fence import Fence, hold, renew
 from tasks.release.attempt import release_attempt
+from tasks.release.sandboxes import release_sandboxes
 from tasks.sandbox import ProcessStatus, ProviderError, SandboxNotFoundError, SandboxProvider
 from tasks.settings import Settings
-from tasks.settlement.outcome import Outcome, from_result, without_result
+from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome, from_result, without_result
 from tasks.settlement.terminal import settle
 
 log = logging.getLogger("playrun.watch")
@@ -99,12 +99,16 @@ def _poll(provider: SandboxProvider, sandbox_id: str) -> ProcessStatus:
 
 def outcome_from_sandbox(provider: SandboxProvider, sandbox_id: str,
                          status: ProcessStatus) -> Outcome:
-    """Read what the runner left; never runs anything in the sandbox, never raises."""
+    """Read what the runner left; never runs anything in the sandbox. Raises only on a
+    transient provider error, so that a later watcher reads it again."""
     try:
         found = provider.read_file(sandbox_id, RESULT_FILE, max_bytes=MAX_RESULT_FILE_BYTES)
     except SandboxNotFoundError:
         found = None
     except ProviderError as exc:
+        if exc.kind != "other":
+            raise  # transient (transport, rate limited ...): a later watcher reads it again
+        # A definite refusal, e.g. the play swapped its result for a symlink.
         return Outcome.failed(OUTPUT_INVALID, f"the result file could not be read: {exc}")
     if found is not None and found.data:
         return from_result(found.data, truncated=found.truncated)
@@ -112,26 +116,58 @@ def outcome_from_sandbox(provider: SandboxProvider, sandbox_id: str,
 
 
 def inspect(provider: SandboxProvider, fence: Fence) -> Outcome:
-    """The lost-runner inspection: a result found in the sandbox wins, else RUNNER_LOST."""
+    """The lost-runner inspection: a result found in the sandbox wins, else RUNNER_LOST.
+    Never raises: it is the last word on a runner nobody could watch."""
     try:
         sandbox_id, _ = _where(fence)
     except FenceLostError:
         return Outcome.failed(RUNTIME_RUNNER_LOST, "the runner has no sandbox on record")
-    outcome = outcome_from_sandbox(provider, sandbox_id, _poll(provider, sandbox_id))
+    try:
+        outcome = outcome_from_sandbox(provider, sandbox_id, _poll(provider, sandbox_id))
+    except ProviderError as exc:
+        return Outcome.failed(RUNTIME_RUNNER_LOST,
+                              f"the runner passed its deadline; its sandbox is unreadable: {exc}")
     if outcome.code == RUNTIME_RUNNER_LOST:
         return Outcome.failed(RUNTIME_RUNNER_LOST,
                               "the runner passed its deadline without a result")
     return outcome
 
 
+def _flags(fence: Fence) -> tuple[bool, bool]:
+    """(this holder is still the active one, a cancel was requested)."""
+    with session_scope(readonly=True) as session:
+        row = session.execute(
+            sa.select(Attempt.state == ATTEMPT_ACTIVE, Run.cancel_requested_at.is_not(None))
+            .join(Run, Run.id == Attempt.run_id)
+            .where(Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
+                   Attempt.lease_token == fence.lease_token)).first()
+    return (bool(row[0]), bool(row[1])) if row else (False, False)
+
+
 def finish(fence: Fence, outcome: Outcome, reason: str) -> None:
-    """Settle (first write wins) and release what this holder held, whoever won."""
+    """Settle (first write wins), then release what this holder held, whoever won.
+
+    With a cancel requested, the sandbox goes before the final run write (SPEC 4.10).
+    If the write fails while this holder is still the active one (its lease merely ran
+    out), nothing is released: the reaper adopts the attempt and settles it from the
+    sandbox, which must still be there.
+    """
+    if _flags(fence)[1]:
+        release_sandboxes(fence.run_id, fence.generation, fence.lease_token)
+        outcome, reason = CANCELLED_OUTCOME, "cancelled"
     try:
         result = settle(fence, outcome, reason=reason)
-        if not result.won:
-            log.info("run %s was already %s", fence.run_id, result.outcome.status)
-    finally:
-        release_attempt(fence.run_id, fence.generation, fence.lease_token)
+    except Exception as exc:
+        if _flags(fence)[0]:
+            log.warning("run %s not settled yet (%s); left to the reaper", fence.run_id, exc)
+        else:
+            release_attempt(fence.run_id, fence.generation, fence.lease_token)
+        if isinstance(exc, FenceLostError):
+            return
+        raise
+    if not result.won:
+        log.info("run %s was already %s", fence.run_id, result.outcome.status)
+    release_attempt(fence.run_id, fence.generation, fence.lease_token)
 
 
 def watch(fence: Fence, provider: SandboxProvider, settings: Settings,
@@ -158,8 +194,7 @@ def watch(fence: Fence, provider: SandboxProvider, settings: Settings,
                 provider.delete(tick.sandbox_id)
             except ProviderError as exc:
                 log.warning("cancel: sandbox %s not deleted yet: %s", tick.sandbox_id, exc)
-            finish(fence, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"),
-                   "cancelled")
+            finish(fence, CANCELLED_OUTCOME, "cancelled")
             return "settled"
         if status.state != "running":
             try:

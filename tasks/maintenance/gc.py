@@ -26,6 +26,7 @@ from tasks.constants import (
     TERMINAL_STATUSES,
 )
 from tasks.db import session_scope
+from tasks.fence import lock_run
 from tasks.sandbox import SandboxProvider, SandboxRef
 
 log = logging.getLogger("playrun.gc")
@@ -71,6 +72,11 @@ def verdict(ref: SandboxRef) -> str | None:
 def _mark_deleted(provider: str, sandbox_id: str) -> None:
     """Mark the record deleted and say so in its run's ledger, as a release would."""
     with session_scope() as session:
+        owner = session.scalar(sa.select(RuntimeResource.run_id).where(
+            RuntimeResource.provider == provider, RuntimeResource.sandbox_id == sandbox_id))
+        if owner is None:
+            return
+        lock_run(session, owner)  # run row first, as every writer does: no deadlock
         rows = session.execute(sa.update(RuntimeResource).where(
             RuntimeResource.provider == provider, RuntimeResource.sandbox_id == sandbox_id,
             RuntimeResource.state != RESOURCE_DELETED,

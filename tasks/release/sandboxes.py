@@ -11,6 +11,7 @@ from tasks import ledger
 from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_DELETED
 from tasks.db import session_scope
 from tasks.errors import PlayrunError
+from tasks.fence import lock_run
 
 log = logging.getLogger("playrun.release")
 
@@ -30,6 +31,7 @@ def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_i
                                                           updated_at=db_now()))
         return False
     with session_scope() as session:
+        lock_run(session, run_id)  # run row first, as every writer does: no deadlock
         changed = session.execute(
             sa.update(RuntimeResource)
             .where(RuntimeResource.id == resource_id, RuntimeResource.state != RESOURCE_DELETED)

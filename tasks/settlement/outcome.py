@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.constants import (
+    CANCELLED,
+    CANCELLED_CODE,
     FAILED,
     MAX_OUTPUT_BYTES,
     OUTPUT_INVALID,
@@ -20,6 +22,15 @@ _KNOWN_CODES = frozenset({
     "RUN_TIMEOUT",
 })
 MAX_ERROR_CHARS = 8192
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_loads(raw: bytes | str) -> Any:
+    """JSON as PostgreSQL's JSONB accepts it: NaN and Infinity are refused."""
+    return json.loads(raw, parse_constant=_no_constants)
 
 
 def clean(value: Any) -> Any:
@@ -46,12 +57,15 @@ class Outcome:
         return cls(FAILED, code, clean(error[:MAX_ERROR_CHARS]))
 
 
+CANCELLED_OUTCOME = Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled")
+
+
 def from_result(raw: bytes, *, truncated: bool = False) -> Outcome:
     """Turn a runner's result document into an outcome; anything malformed is OUTPUT_INVALID."""
     if truncated:
         return Outcome.failed(OUTPUT_INVALID, "the play's result is larger than the limit")
     try:
-        doc = json.loads(raw)
+        doc = strict_loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         return Outcome.failed(OUTPUT_INVALID, f"the result file is not JSON: {exc}")
     if not isinstance(doc, dict):

@@ -12,7 +12,7 @@ from tasks.constants import ATTEMPT_ENDED, TERMINAL_EVENT, TERMINAL_STATUSES
 from tasks.db import session_scope
 from tasks.fence import Fence, hold, lock_run
 from tasks.notify import run_settled
-from tasks.settlement.outcome import Outcome
+from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
         if run is not None and run.status in TERMINAL_STATUSES:
             return Settled(False, _current(run))
         run, attempt = hold(session, fence)
+        if run.cancel_requested_at is not None:
+            # A cancel recorded before any terminal won decides the outcome (SPEC 4.10).
+            outcome, reason = CANCELLED_OUTCOME, "cancelled"
         attempt.state = ATTEMPT_ENDED
         attempt.end_reason = reason
         attempt.ended_at = db_now()

@@ -27,7 +27,12 @@ def upgrade() -> None:
     with op.batch_alter_table('runtime_resources', schema=None) as batch_op:
         batch_op.add_column(sa.Column('holder_token', sa.String(length=64), nullable=True))
 
-
+    # Rows of attempts in flight during the upgrade belong to their attempt's holder.
+    for table in ('runtime_resources', 'capacity_leases'):
+        op.execute(
+            f"UPDATE {table} SET holder_token = (SELECT a.lease_token FROM attempts a "
+            f"WHERE a.run_id = {table}.run_id AND a.generation = {table}.generation)"
+        )
 
 
 def downgrade() -> None:

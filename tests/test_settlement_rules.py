@@ -1,0 +1,71 @@
+"""Settlement rules: cancel requested before any terminal wins; a holder whose lease ran
+out releases nothing (the reaper settles from the sandbox); JSONB-hostile JSON is refused."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+
+import tasks
+from models import Attempt, db_now
+from tasks.constants import SUCCEEDED
+from tasks.db import session_scope
+from tasks.execution.progress import parse_lines
+from tasks.execution.watch import finish
+from tasks.settlement.outcome import Outcome, from_result
+from tasks.settlement.terminal import settle
+from tests.test_holders import new_claim, reserve, state
+
+
+def test_a_cancel_recorded_before_the_terminal_wins(pg_url: str) -> None:
+    f = new_claim(f"org-{uuid.uuid4().hex[:8]}", "A")
+    tasks.cancel_run(f.run_id)
+    settled = settle(f, Outcome(SUCCEEDED, output={"late": True}), reason="ended")
+    assert settled.won and settled.outcome.status == "cancelled"
+    view = tasks.get_run(f.run_id)
+    assert (view.status, view.code, view.output) == ("cancelled", "CANCELLED", None)
+
+
+def test_a_holder_whose_lease_ran_out_releases_nothing(pg_url: str) -> None:
+    org = f"org-{uuid.uuid4().hex[:8]}"
+    f = new_claim(org, "A")
+    lease_id = reserve(f, org)
+    with session_scope() as s:  # the lease runs out (a long stall), nobody adopted yet
+        s.execute(sa.update(Attempt).where(Attempt.run_id == f.run_id)
+                  .values(lease_expires_at=db_now(-1)))
+    finish(f, Outcome(SUCCEEDED, output={}), "ended")
+    assert tasks.get_run(f.run_id).status == "running"
+    assert state(lease_id) == "reserved"  # kept for the reaper, which owns it next
+
+
+def test_nan_and_infinity_are_not_json() -> None:
+    bad = from_result(b'{"status": "succeeded", "output": {"x": NaN}}')
+    assert (bad.status, bad.code) == ("failed", "OUTPUT_INVALID")
+    found, used = parse_lines(b'{"message": "m", "fields": {"a": Infinity}}\n'
+                              b'{"message": "ok"}\n')
+    assert [p.message for p in found] == ["ok"] and used > 0
+
+
+def test_the_upgrade_gives_rows_in_flight_their_holder(tmp_path: Path) -> None:
+    from tasks import db
+
+    url = f"sqlite:///{tmp_path / 'mig.db'}"
+    db.upgrade(url, "0001")
+    engine = db.get_engine(url)
+    with engine.begin() as c:
+        c.execute(sa.text("INSERT INTO play_bundles (digest, source, size) VALUES ('d', 's', 1)"))
+        c.execute(sa.text(
+            "INSERT INTO runs (id, org_id, play_path, play_digest, status, current_generation, "
+            "deferral_count, deferral_total_ms) VALUES ('r', 'o', 'p', 'd', 'running', 1, 0, 0)"))
+        c.execute(sa.text(
+            "INSERT INTO attempts (id, run_id, generation, lease_token, lease_expires_at, state, "
+            "events_offset) VALUES ('a', 'r', 1, 'tok', '2030-01-01 00:00:00.000000', "
+            "'active', 0)"))
+        c.execute(sa.text(
+            "INSERT INTO capacity_leases (id, org_id, run_id, generation, state, overrun) "
+            "VALUES ('l', 'o', 'r', 1, 'live', 0)"))
+    db.upgrade(url)
+    with engine.connect() as c:
+        assert c.execute(sa.text("SELECT holder_token FROM capacity_leases")).scalar() == "tok"

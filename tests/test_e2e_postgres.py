@@ -138,9 +138,12 @@ def test_the_same_start_delivered_twice_runs_the_play_once(worker: Worker,
     tasks.app.send_task("playrun.start_attempt", args=[handle.id], task_id=outbox_id)
     tasks.app.send_task("playrun.start_attempt", args=[handle.id])
     assert handle.wait(timeout=60).status == "succeeded"
-    # Deliveries that arrive after the terminal are no-ops too.
-    tasks.app.send_task("playrun.start_attempt", args=[handle.id])
-    time.sleep(1.0)  # give a stray duplicate the chance to do damage, then look
+    # Deliveries that arrive after the terminal are no-ops too: wait until the worker
+    # has processed this one, then look.
+    late = str(uuid.uuid4())
+    tasks.app.send_task("playrun.start_attempt", args=[handle.id], task_id=late)
+    eventually(lambda: f"{late}] succeeded" in worker.output(), what="the late delivery")
+    assert f"{late}] succeeded" in worker.output() and "'terminal'" in worker.output()
     assert marker.read_text().count("\n") == 1
     assert kinds(handle.id).count("attempt.started") == 1
     assert len(tasks.get_run(handle.id).attempts) == 1

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from celery import bootsteps
@@ -33,6 +34,31 @@ def _note_ping(sender: Any = None, request: Any = None, **_: Any) -> None:
     global _last_received
     if request is not None and getattr(request, "name", None) == TASK_WATCHDOG_PING:
         _last_received = time.monotonic()
+
+
+@dataclass
+class Judge:
+    """The watchdog's decision, kept pure: given what happened, is the consumer wedged?"""
+
+    threshold_s: float
+    capacity: int  # prefetch slots; 0 if unknown
+    published_since: float | None = None  # first ping published since the last reset
+
+    def verdict(self, *, now: float, published: bool, last_received: float,
+                reserved: int) -> str:
+        if not published:
+            # The broker is down: nothing to judge until it answers again.
+            self.published_since = None
+            return "broker_down"
+        if self.capacity and reserved >= self.capacity:
+            # Every prefetch slot holds an unacked task: the consumer may not receive
+            # anything, pings included. That is busy, not wedged.
+            self.published_since = None
+            return "busy"
+        if self.published_since is None:
+            self.published_since = now
+        silent = now - max(last_received, self.published_since)
+        return "wedged" if silent > self.threshold_s else "ok"
 
 
 class BrokerWatchdog(bootsteps.StartStopStep):
@@ -66,28 +92,22 @@ class BrokerWatchdog(bootsteps.StartStopStep):
         global _last_received
         every = max(0.5, self.threshold / 6)
         queue = worker_direct(hostname)
-        published_since: float | None = None
+        judge = Judge(self.threshold, capacity)
         _last_received = time.monotonic()
         while not self.stop_event.wait(every):
             try:
                 app.send_task(TASK_WATCHDOG_PING, queue=queue, expires=self.threshold,
                               retry=False)
+                published = True
             except Exception as exc:  # noqa: BLE001 - broker down: nothing to judge yet
                 log.info("watchdog ping not published (%s); waiting for the broker", exc)
-                published_since = None
-                continue
-            now = time.monotonic()
-            if capacity and len(worker_state.reserved_requests) >= capacity:
-                # Every prefetch slot holds an unacked task: the consumer is not allowed to
-                # receive anything, pings included. That is busy, not wedged.
-                published_since = None
-                continue
-            if published_since is None:
-                published_since = now
-            silent = now - max(_last_received, published_since)
-            if silent > self.threshold:
+                published = False
+            verdict = judge.verdict(now=time.monotonic(), published=published,
+                                    last_received=_last_received,
+                                    reserved=len(worker_state.reserved_requests))
+            if verdict == "wedged":
                 log.critical("the broker answers but this worker received nothing for %.0fs; "
-                             "exiting so a fresh worker takes over", silent)
+                             "exiting so a fresh worker takes over", self.threshold)
                 _exit_soon()
                 return
 

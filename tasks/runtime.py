@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from functools import lru_cache
+from pathlib import Path
 
 from tasks.sandbox import SandboxProvider, get_provider
 from tasks.settings import get_settings
@@ -12,7 +13,7 @@ from tasks.settings import get_settings
 
 @lru_cache(maxsize=8)
 def _provider(name: str, root: str, pid: int) -> SandboxProvider:
-    return get_provider(name, __import__("pathlib").Path(root))
+    return get_provider(name, Path(root))
 
 
 def provider(name: str | None = None) -> SandboxProvider:

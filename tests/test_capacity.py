@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +31,6 @@ from tasks.acquisition.sandbox import labels_for, record_live
 from tasks.constants import (
     CAPACITY_EXCEEDED_MESSAGE,
     LABEL_RUN,
-    RESOURCE_DELETED,
     SUCCEEDED,
 )
 from tasks.db import session_scope
@@ -41,28 +39,27 @@ from tasks.fence import Fence, hold
 from tasks.maintenance.reaper import _adopt, expire_reservations
 from tasks.release.attempt import release_attempt
 from tasks.runtime import provider as runtime_provider
-from tasks.sandbox import FakeScript, SandboxProvider, SandboxSpec, get_provider
-from tasks.settings import Settings, get_settings
+from tasks.sandbox import SandboxSpec
+from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
 from tests.helpers import eventually, kinds
-from tests.test_fencing_concurrency import (
+from tests.support import (
+    StubApp,
     claim_now,
     close_open_runs,
+    held,
     is_current,
+    lease,
     must_claim,
     new_run,
+    promote,
+    reserve,
     supersede,
     wait_lease_expired,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-PLAYS = ROOT / "tests" / "plays"
-HELLO = ROOT / "examples" / "plays" / "hello.py"
 SPAWN = mp.get_context("spawn")
-# Workers here must not be paced by the start-rate bucket: this file is about capacity.
-FAST_STARTS = {"PLAYRUN_START_RATE_INITIAL_PER_MIN": "6000",
-               "PLAYRUN_START_RATE_MAX_PER_MIN": "12000"}
 
 
 ORG_PREFIX = "cap-"
@@ -70,41 +67,6 @@ ORG_PREFIX = "cap-"
 
 def org() -> str:
     return f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
-
-
-def held(org_id: str) -> int:
-    with session_scope() as session:
-        return capacity.in_use(session, org_id)
-
-
-def reserve(fence: Fence, org_id: str, settings: Settings | None = None) -> str:
-    """What start_attempt does: reserve inside a fenced transaction."""
-    with session_scope() as session:
-        hold(session, fence)
-        return capacity.reserve(session, fence, org_id, settings or get_settings()).lease_id
-
-
-def promote(fence: Fence, lease_id: str, provider: str, sandbox_id: str) -> None:
-    with session_scope() as session:
-        hold(session, fence)
-        capacity.promote(session, fence, lease_id, provider, sandbox_id)
-
-
-def lease(lease_id: str) -> tuple[str, str | None, str | None]:
-    with session_scope() as session:
-        row = session.get(CapacityLease, lease_id)
-        assert row is not None
-        return row.state, row.provider, row.sandbox_id
-
-
-class StubApp:
-    """Stands in for the Celery app where the reaper or a deferral publishes a task."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    def send_task(self, name: str, args: Any = None, **_: Any) -> None:
-        self.sent.append((name, args))
 
 
 # --- live + reserved never exceeds the limit (threads, processes, hypothesis) ----------------
@@ -358,166 +320,6 @@ def test_a_reservation_that_never_went_live_expires(pg_url: str) -> None:
     reserve(waiting, org_id, settings)
     with pytest.raises(FenceLostError):
         promote(stale, lease_id, "local", "lsb-dddddddddddddddd")
-
-
-# --- every terminal path, with a real worker ------------------------------------------------
-
-def _leftovers(run_id: str, prov: SandboxProvider) -> tuple[int, list[str], list[str]]:
-    with session_scope() as session:
-        holding = int(session.scalar(sa.select(sa.func.count()).where(
-            CapacityLease.run_id == run_id, CapacityLease.state.in_(capacity.HELD))) or 0)
-        undeleted = list(session.scalars(sa.select(RuntimeResource.sandbox_id).where(
-            RuntimeResource.run_id == run_id, RuntimeResource.state != RESOURCE_DELETED)))
-    return holding, undeleted, [r.sandbox_id for r in prov.list({LABEL_RUN: run_id})]
-
-
-def assert_nothing_left(run_id: str, provider_name: str, *, took_lease: bool,
-                        made_sandbox: bool) -> None:
-    prov = get_provider(provider_name, get_settings().sandbox_root)
-    eventually(lambda: _leftovers(run_id, prov) == (0, [], []), timeout=30,
-               what=f"run {run_id} to give everything back: {_leftovers(run_id, prov)}")
-    with session_scope() as session:
-        leases = list(session.scalars(sa.select(CapacityLease.id)
-                                      .where(CapacityLease.run_id == run_id)))
-        resources = list(session.scalars(sa.select(RuntimeResource.sandbox_id)
-                                         .where(RuntimeResource.run_id == run_id)))
-    events = tasks.run_events(run_id)
-    released = sorted(e.data["lease_id"] for e in events if e.kind == "capacity.released")
-    deleted = sorted(e.data["sandbox_id"] for e in events if e.kind == "sandbox.deleted")
-    assert released == sorted(leases), (released, leases)
-    assert deleted == sorted(resources), (deleted, resources)
-    assert bool(leases) == took_lease, leases
-    assert bool(resources) == made_sandbox, resources
-
-
-@pytest.fixture(scope="class")
-def fake_worker(pg_url: str) -> Iterator[Any]:
-    from tests.conftest import Worker, worker_env
-
-    script = FakeScript(get_settings().sandbox_root)
-    script.reset()
-    w = Worker(worker_env(PLAYRUN_SANDBOX_PROVIDER="fake", PLAYRUN_DEFERRAL_MAX_COUNT="2",
-                          PLAYRUN_DEFERRAL_BASE_MS="50", PLAYRUN_DEFERRAL_MAX_MS="100",
-                          **FAST_STARTS), concurrency=4)
-    try:
-        w.wait_ready()
-        yield w
-    finally:
-        w.stop()
-        script.reset()
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("fake_worker")
-class TestEveryTerminalPathGivesEverythingBack:
-    def test_succeeded(self) -> None:
-        run = tasks.submit_run(HELLO, input={"name": "Ada"}, org_id=org())
-        assert run.wait(timeout=60).status == "succeeded"
-        assert_nothing_left(run.id, "fake", took_lease=True, made_sandbox=True)
-
-    def test_failed_in_customer_code(self) -> None:
-        run = tasks.submit_run(PLAYS / "raises.py", input={}, org_id=org())
-        result = run.wait(timeout=60)
-        assert (result.status, result.code) == ("failed", "PLAY_ERROR")
-        assert "the customer code broke" in (result.error or "")
-        assert_nothing_left(run.id, "fake", took_lease=True, made_sandbox=True)
-
-    def test_cancelled(self) -> None:
-        run = tasks.submit_run(PLAYS / "forever.py", input={}, org_id=org())
-        eventually(lambda: any(e.kind == "run.progress" and e.data["message"] == "looping"
-                               for e in tasks.run_events(run.id)), what="the play to loop")
-        tasks.cancel_run(run.id)
-        result = run.wait(timeout=60)
-        assert (result.status, result.code) == ("cancelled", "CANCELLED")
-        assert_nothing_left(run.id, "fake", took_lease=True, made_sandbox=True)
-
-    def test_capacity_rejection(self) -> None:
-        org_id = org()
-        capacity.set_limit(org_id, 0)
-        run = tasks.submit_run(HELLO, input={"name": "Bo"}, org_id=org_id)
-        result = run.wait(timeout=60)
-        assert (result.status, result.code) == ("failed", "SANDBOX_CAPACITY_EXCEEDED")
-        assert CAPACITY_EXCEEDED_MESSAGE in (result.error or "")
-        assert "sandbox.requested" not in kinds(run.id)
-        assert_nothing_left(run.id, "fake", took_lease=False, made_sandbox=False)
-
-    def test_runner_lost(self) -> None:
-        script = FakeScript(get_settings().sandbox_root)
-        lost_before = script.state()["runners_lost"]
-        script.set(lose_runner=1)
-        try:
-            run = tasks.submit_run(HELLO, input={"name": "Cy"}, org_id=org())
-            result = run.wait(timeout=60)
-        finally:
-            script.set()
-        assert (result.status, result.code) == ("failed", "RUNTIME_RUNNER_LOST")
-        assert script.state()["runners_lost"] == lost_before + 1
-        assert_nothing_left(run.id, "fake", took_lease=True, made_sandbox=True)
-
-    def test_pre_code_failure(self) -> None:
-        script = FakeScript(get_settings().sandbox_root)
-        script.set(fail_creates=["auth"])
-        try:
-            run = tasks.submit_run(HELLO, input={"name": "Di"}, org_id=org())
-            result = run.wait(timeout=60)
-        finally:
-            script.set()
-        assert (result.status, result.code) == ("failed", "SANDBOX_START_FAILED")
-        assert "sandbox.requested" in kinds(run.id)
-        assert_nothing_left(run.id, "fake", took_lease=True, made_sandbox=False)
-
-    def test_deferral_budget_exhausted(self) -> None:
-        """Three transport failures at create: deferred twice (each time giving the lease
-        back), then the budget (2 deferrals in this worker) is spent: a terminal failure."""
-        script = FakeScript(get_settings().sandbox_root)
-        script.set(fail_creates=["transport"] * 3)
-        try:
-            run = tasks.submit_run(HELLO, input={"name": "Eve"}, org_id=org())
-            result = run.wait(timeout=60)
-        finally:
-            script.set()
-        assert (result.status, result.code) == ("failed", "START_DEFERRAL_EXHAUSTED")
-        assert "transport" in (result.error or "")
-        assert kinds(run.id).count("run.deferred") == 2
-        assert_nothing_left(run.id, "fake", took_lease=True, made_sandbox=False)
-        with session_scope() as session:
-            assert session.scalar(sa.select(sa.func.count()).where(
-                CapacityLease.run_id == run.id)) == 3
-
-    def test_a_full_org_does_not_block_another(self) -> None:
-        a, b = org(), org()
-        capacity.set_limit(a, 1)
-        capacity.set_limit(b, 1)
-        holder = tasks.submit_run(PLAYS / "forever.py", input={}, org_id=a)
-        eventually(lambda: "sandbox.live" in kinds(holder.id), what="org A's slot to be live")
-        refused = tasks.submit_run(HELLO, input={"name": "Ed"}, org_id=a).wait(timeout=60)
-        assert refused.code == "SANDBOX_CAPACITY_EXCEEDED"
-        other = tasks.submit_run(HELLO, input={"name": "Flo"}, org_id=b)
-        assert other.wait(timeout=60).status == "succeeded"
-        tasks.cancel_run(holder.id)
-        assert holder.wait(timeout=60).status == "cancelled"
-        assert_nothing_left(holder.id, "fake", took_lease=True, made_sandbox=True)
-        assert_nothing_left(other.id, "fake", took_lease=True, made_sandbox=True)
-        assert (held(a), held(b)) == (0, 0)
-
-
-@pytest.mark.slow
-def test_observe_mode_runs_over_the_limit_and_records_the_overrun(pg_url: str) -> None:
-    from tests.conftest import Worker, worker_env
-
-    org_id = org()
-    capacity.set_limit(org_id, 0)
-    w = Worker(worker_env(PLAYRUN_CAPACITY_MODE="observe", **FAST_STARTS))
-    try:
-        w.wait_ready()
-        run = tasks.submit_run(HELLO, input={"name": "Gus"}, org_id=org_id)
-        result = run.wait(timeout=60)
-        assert result.status == "succeeded", (result, w.output()[-2000:])
-        assert_nothing_left(run.id, "local", took_lease=True, made_sandbox=True)
-    finally:
-        w.stop()
-    overrun = [e.data for e in tasks.run_events(run.id) if e.kind == "capacity.overrun"]
-    assert len(overrun) == 1 and overrun[0]["limit"] == 0 and overrun[0]["in_use"] == 0
 
 
 # --- tidy up -------------------------------------------------------------------------------

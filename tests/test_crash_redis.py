@@ -16,11 +16,11 @@ import tasks
 from tasks.embedded import Stack
 from tests.conftest import PLAYS, ROOT, Worker, worker_env
 from tests.helpers import eventually, kinds
+from tests.support import FAST_RECOVERY
 
 pytestmark = pytest.mark.slow
 RECOVERY = {
-    "PLAYRUN_LEASE_SECONDS": "3",
-    "PLAYRUN_REAP_INTERVAL_S": "1",
+    **FAST_RECOVERY,
     "PLAYRUN_SWEEP_INTERVAL_S": "0.5",
     "PLAYRUN_OUTBOX_RESEND_AFTER_S": "2",
     "PLAYRUN_WATCH_INLINE_S": "0.5",

@@ -20,14 +20,9 @@ from tasks.db import session_scope
 from tasks.settings import get_settings
 from tests.conftest import PG_BASE, PLAYS, ROOT, Worker, _psql, worker_env
 from tests.helpers import eventually, kinds
+from tests.support import FAST_RECOVERY
 
 pytestmark = pytest.mark.slow
-FAST_RECOVERY = {
-    "PLAYRUN_LEASE_SECONDS": "3",
-    "PLAYRUN_REAP_INTERVAL_S": "1",
-    "PLAYRUN_SWEEP_INTERVAL_S": "1",
-    "PLAYRUN_WATCH_INLINE_S": "1",
-}
 
 
 def test_worker_killed_mid_run_is_recovered_and_the_play_runs_once(

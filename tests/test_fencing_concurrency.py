@@ -2,7 +2,8 @@
 
 Threads and processes race the same SQL rows: one claim wins, a stale fence writes
 nothing, the first terminal write wins and never changes. A hypothesis test drives
-interleavings of claims, lease expiry, reaper adoption, settlements and renewals.
+interleavings of claims, lease expiry, reaper adoption, settlements and renewals
+(tests/test_fencing_interleavings.py).
 
 Processes are started with the `spawn` method (never fork a process that holds pooled
 connections); each child opens its own engine. This module must not import
@@ -23,15 +24,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from models import Attempt, CapacityLease, Outbox, Run, RunEvent, RuntimeResource, db_now
+from models import Attempt, Run, db_now
 from tasks.acquisition import capacity
-from tasks.acquisition.claim import Claimed, Skipped, claim
+from tasks.acquisition.claim import Claimed, Skipped
 from tasks.acquisition.sandbox import record_live
-from tasks.admission.submit import admit
-from tasks.constants import ATTEMPT_ACTIVE, ATTEMPT_FENCED_OUT, FAILED, SUCCEEDED, TERMINAL_STATUSES
+from tasks.constants import FAILED, SUCCEEDED
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
 from tasks.fence import Fence, hold, renew
@@ -40,128 +38,27 @@ from tasks.sandbox import SandboxRef
 from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle, settle_unattended
+from tests.support import (
+    ORG_PREFIX,
+    TERMINAL_EVENTS,
+    claim_now,
+    close_open_runs,
+    event_kinds,
+    is_current,
+    must_claim,
+    new_run,
+    outcome_of,
+    snapshot,
+    supersede,
+    wait_lease_expired,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NOOP = ROOT / "examples" / "plays" / "noop.py"
-TERMINAL_EVENTS = ("run.succeeded", "run.failed", "run.cancelled")
 SPAWN = mp.get_context("spawn")
 
 
 # --- helpers ----------------------------------------------------------------------------
-
-ORG_PREFIX = "fen-"
-
-
-def new_run(org_id: str | None = None) -> str:
-    """Admit a run the way submit_run does, but keep it off the broker (the test drives it)."""
-    admitted = admit(NOOP, {}, org_id or f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}", None)
-    with session_scope() as session:
-        session.execute(sa.update(Outbox).where(Outbox.id == admitted.outbox_id)
-                        .values(sent_at=db_now()))
-    return admitted.run_id
-
-
-def claim_now(run_id: str, worker: str = "w", lease_seconds: float = 30.0) -> Claimed | Skipped:
-    with session_scope() as session:
-        return claim(session, run_id, worker_id=worker, lease_seconds=lease_seconds)
-
-
-def must_claim(run_id: str, worker: str = "w", lease_seconds: float = 30.0) -> Fence:
-    result = claim_now(run_id, worker, lease_seconds)
-    assert isinstance(result, Claimed), result
-    return result.fence
-
-
-def snapshot(run_id: str) -> dict[str, Any]:
-    """Everything a write on behalf of an attempt could change, as plain values."""
-    with session_scope() as session:
-        run = session.get(Run, run_id)
-        assert run is not None
-        attempts = session.execute(
-            sa.select(Attempt.generation, Attempt.lease_token, Attempt.state,
-                      Attempt.lease_expires_at, Attempt.end_reason, Attempt.sandbox_id,
-                      Attempt.worker_id)
-            .where(Attempt.run_id == run_id).order_by(Attempt.generation)).all()
-        events = session.execute(
-            sa.select(RunEvent.id, RunEvent.kind, RunEvent.generation)
-            .where(RunEvent.run_id == run_id).order_by(RunEvent.id)).all()
-        leases = session.execute(
-            sa.select(CapacityLease.id, CapacityLease.state, CapacityLease.sandbox_id)
-            .where(CapacityLease.run_id == run_id).order_by(CapacityLease.id)).all()
-        resources = session.execute(
-            sa.select(RuntimeResource.sandbox_id, RuntimeResource.state)
-            .where(RuntimeResource.run_id == run_id).order_by(RuntimeResource.sandbox_id)).all()
-        return {
-            "run": (run.status, run.code, run.error, run.output, run.current_generation,
-                    run.finished_at, run.updated_at),
-            "attempts": [tuple(a) for a in attempts],
-            "events": [tuple(e) for e in events],
-            "leases": [tuple(x) for x in leases],
-            "resources": [tuple(r) for r in resources],
-        }
-
-
-def outcome_of(run_id: str) -> Outcome:
-    with session_scope() as session:
-        run = session.get(Run, run_id)
-        assert run is not None
-        return Outcome(run.status, run.code, run.error, run.output)
-
-
-def event_kinds(run_id: str) -> list[str]:
-    with session_scope() as session:
-        return list(session.scalars(sa.select(RunEvent.kind).where(RunEvent.run_id == run_id)
-                                    .order_by(RunEvent.id)))
-
-
-def is_current(fence: Fence) -> bool:
-    """The fence's truth, read independently of hold(): current, active, unexpired, open run."""
-    with session_scope() as session:
-        return bool(session.scalar(
-            sa.select(sa.func.count()).select_from(Attempt).join(Run, Run.id == Attempt.run_id)
-            .where(Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
-                   Attempt.lease_token == fence.lease_token, Attempt.state == ATTEMPT_ACTIVE,
-                   Attempt.lease_expires_at > db_now(),
-                   Run.current_generation == fence.generation,
-                   Run.status.not_in(list(TERMINAL_STATUSES)))))
-
-
-def wait_lease_expired(fence: Fence, timeout: float = 10.0) -> None:
-    """Poll the database clock (never the local one) until the fence's lease has passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with session_scope() as session:
-            passed = session.scalar(sa.select(Attempt.lease_expires_at < db_now()).where(
-                Attempt.run_id == fence.run_id, Attempt.generation == fence.generation))
-        if passed:
-            return
-        assert time.monotonic() < deadline, "the lease never expired by the database clock"
-        time.sleep(0.02)
-
-
-def supersede(run_id: str) -> None:
-    """Test harness: abandon the current attempt so the next claim opens a new generation."""
-    with session_scope() as session:
-        session.execute(sa.update(Attempt).where(
-            Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE,
-        ).values(state=ATTEMPT_FENCED_OUT, ended_at=db_now()))
-
-
-def close_open_runs(org_prefix: str) -> None:
-    """Runs a module drove by hand end cancelled, so no later reaper or sweep adopts them."""
-    with session_scope() as session:
-        open_ids = sa.select(Run.id).where(Run.status.not_in(list(TERMINAL_STATUSES)),
-                                           Run.org_id.startswith(org_prefix))
-        session.execute(sa.update(Attempt).where(
-            Attempt.run_id.in_(open_ids), Attempt.state.in_([ATTEMPT_ACTIVE, "deferred"]),
-        ).values(state="ended", end_reason="test_cleanup", ended_at=db_now()))
-        session.execute(sa.update(CapacityLease).where(
-            CapacityLease.run_id.in_(open_ids), CapacityLease.state.in_(["reserved", "live"]),
-        ).values(state="released", released_at=db_now()))
-        session.execute(sa.update(Run).where(Run.id.in_(open_ids)).values(
-            status="cancelled", code="CANCELLED", error="closed by the test harness",
-            finished_at=db_now(), deferred_until=None))
-
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_open_runs_left(pg_url: str) -> Iterator[None]:
@@ -415,95 +312,3 @@ def test_first_terminal_write_wins_under_concurrency(pg_url: str) -> None:
     assert settle_unattended(run_id, Outcome("cancelled", "CANCELLED", "late")).outcome == \
         Outcome(*winning)
     assert snapshot(run_id) == before
-
-
-# --- interleavings (hypothesis) -------------------------------------------------------------
-
-OUTCOMES = [
-    Outcome(SUCCEEDED, output={"n": 1}),
-    Outcome(FAILED, "PLAY_ERROR", "boom"),
-    Outcome("cancelled", "CANCELLED", "the run was cancelled"),
-]
-OPS = st.one_of(
-    st.tuples(st.just("claim"), st.sampled_from(["A", "B"])),
-    st.tuples(st.just("expire")),
-    st.tuples(st.just("adopt")),
-    st.tuples(st.just("settle"), st.sampled_from(["A", "B", "R"]), st.integers(0, 2)),
-    st.tuples(st.just("renew"), st.sampled_from(["A", "B", "R"])),
-    st.tuples(st.just("supersede")),
-)
-
-
-def _expire(run_id: str) -> None:
-    """Time passes for the active attempt: its lease is now behind the database clock."""
-    with session_scope() as session:
-        session.execute(sa.update(Attempt).where(
-            Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE,
-        ).values(lease_expires_at=db_now(-1)))
-
-
-def _active_count(snap: dict[str, Any]) -> int:
-    return sum(1 for a in snap["attempts"] if a[2] == ATTEMPT_ACTIVE)
-
-
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(OPS, min_size=1, max_size=14))
-def test_interleavings_keep_the_fence_invariants(pg_url: str, ops: list[tuple[Any, ...]]) -> None:
-    run_id = new_run()
-    fences: dict[str, Fence] = {}
-    terminal: Outcome | None = None
-    for op in ops:
-        before = snapshot(run_id)
-        name = op[0]
-        if name == "claim":
-            result = claim_now(run_id, op[1])
-            if isinstance(result, Claimed):
-                assert _active_count(before) == 0 and before["run"][0] not in TERMINAL_STATUSES
-                assert result.fence.generation == before["run"][4] + 1
-                fences[op[1]] = result.fence
-            else:
-                assert snapshot(run_id) == before, f"a skipped claim ({result}) wrote"
-        elif name == "expire":
-            _expire(run_id)
-        elif name == "adopt":
-            adopted = _adopt(run_id, get_settings())
-            if adopted is not None:
-                fences["R"] = adopted.fence
-            else:
-                assert snapshot(run_id) == before
-        elif name == "supersede":
-            supersede(run_id)
-        elif op[1] in fences:
-            fence = fences[op[1]]
-            current = is_current(fence)
-            try:
-                if name == "settle":
-                    settled = settle(fence, OUTCOMES[op[2]], reason="test")
-                else:
-                    with session_scope() as session:
-                        hold(session, fence)
-                        renew(session, fence, 30)
-            except FenceLostError:
-                assert not current, f"{op} by the current holder was refused"
-                assert snapshot(run_id) == before, f"a refused {op} wrote"
-            else:
-                if name == "renew":
-                    assert current, f"a renew by a stale fence committed: {op}"
-                elif settled.won:
-                    assert current, f"a settle by a stale fence won: {op}"
-                    assert terminal is None
-                    terminal = OUTCOMES[op[2]]
-                else:
-                    assert terminal is not None and settled.outcome == terminal
-                    assert snapshot(run_id) == before
-        # Invariants after every step.
-        after = snapshot(run_id)
-        assert _active_count(after) <= 1, after["attempts"]
-        kinds_now = [e[1] for e in after["events"]]
-        if terminal is not None:
-            assert outcome_of(run_id) == terminal
-            assert sum(k in TERMINAL_EVENTS for k in kinds_now) == 1
-        else:
-            assert after["run"][0] not in TERMINAL_STATUSES
-            assert not any(k in TERMINAL_EVENTS for k in kinds_now)
-        assert kinds_now.count("attempt.started") == after["run"][4]

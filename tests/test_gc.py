@@ -32,7 +32,7 @@ from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
 from tests.conftest import ROOT, worker_env
-from tests.test_fencing_concurrency import close_open_runs, must_claim, new_run, supersede
+from tests.support import close_open_runs, must_claim, new_run, supersede
 
 ORG_PREFIX = "gc-"
 

@@ -4,54 +4,19 @@ lease; leftovers are released by the reaper; a cancel before launch wins."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 import tasks
-from models import CapacityLease
-from tasks.acquisition import capacity, deferral
-from tasks.acquisition.claim import Claimed, claim
-from tasks.admission.submit import admit
-from tasks.db import session_scope
+from tasks.acquisition import deferral
+from tasks.acquisition.claim import Claimed
 from tasks.execution.launch import mark_launching
-from tasks.fence import Fence, hold
+from tasks.fence import Fence
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.release.attempt import release_attempt
 from tasks.settings import get_settings
-from tests.conftest import ROOT
 from tests.helpers import eventually
-
-
-class StubApp:
-    """Stands in for the Celery app's publish only; the outbox row stays for the sweep."""
-
-    def send_task(self, *args: Any, **kwargs: Any) -> None:
-        raise ConnectionError("no broker in this test")
-
-
-def new_claim(org: str, worker: str) -> Fence:
-    run_id = admit(ROOT / "examples" / "plays" / "noop.py", {}, org, None).run_id
-    return claim_again(run_id, worker)
-
-
-def claim_again(run_id: str, worker: str) -> Fence:
-    with session_scope() as s:
-        c = claim(s, run_id, worker_id=worker, lease_seconds=30)
-    assert isinstance(c, Claimed), c
-    return c.fence
-
-
-def reserve(fence: Fence, org: str) -> str:
-    with session_scope() as s:
-        hold(s, fence)
-        return capacity.reserve(s, fence, org, get_settings()).lease_id
-
-
-def state(lease_id: str) -> str:
-    with session_scope() as s:
-        return str(s.scalar(sa.select(CapacityLease.state).where(CapacityLease.id == lease_id)))
+from tests.support import StubApp, claim_now, lease, must_claim, new_run, reserve
 
 
 def test_a_late_release_after_a_deferral_spares_the_resumed_holder(
@@ -59,7 +24,7 @@ def test_a_late_release_after_a_deferral_spares_the_resumed_holder(
 ) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
     settings = get_settings().model_copy(update={"deferral_base_ms": 1, "deferral_max_ms": 2})
-    a = new_claim(org, "A")
+    a = must_claim(new_run(org), "A")
     lease_a = reserve(a, org)
     # A defers, but its release is slow: B resumes the same generation first.
     monkeypatch.setattr(deferral, "release_attempt", lambda *args: None)
@@ -68,31 +33,31 @@ def test_a_late_release_after_a_deferral_spares_the_resumed_holder(
     assert (b.generation, b.run_id) == (a.generation, a.run_id) and b.lease_token != a.lease_token
     lease_b = reserve(b, org)
     release_attempt(a.run_id, a.generation, a.lease_token)  # A's release lands only now
-    assert (state(lease_a), state(lease_b)) == ("released", "reserved")
+    assert (lease(lease_a)[0], lease(lease_b)[0]) == ("released", "reserved")
 
 
 def test_the_reaper_releases_what_a_deferred_holder_left_behind(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
-    a = new_claim(org, "A")
+    a = must_claim(new_run(org), "A")
     lease_a = reserve(a, org)
     monkeypatch.setattr(deferral, "release_attempt", lambda *args: None)  # the release failed
     assert deferral.defer(a, "hold", get_settings(), StubApp()) == "deferred"
-    assert state(lease_a) == "reserved"
+    assert lease(lease_a)[0] == "reserved"
     retry_releases(ReapReport())
-    assert state(lease_a) == "released"
+    assert lease(lease_a)[0] == "released"
 
 
 def test_a_cancel_before_launch_wins_and_nothing_starts(pg_url: str) -> None:
-    f = new_claim(f"org-{uuid.uuid4().hex[:8]}", "A")
+    f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)  # the attempt is active, so only the request is recorded
     assert tasks.get_run(f.run_id).status == "running"
     assert mark_launching(f, get_settings()) == "cancelled"
 
 
 def test_a_cancel_during_acquisition_wins_over_a_deferral(pg_url: str) -> None:
-    f = new_claim(f"org-{uuid.uuid4().hex[:8]}", "A")
+    f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)
     assert deferral.defer(f, "hold", get_settings(), StubApp()) == "cancelled"
     view = tasks.get_run(f.run_id)
@@ -100,6 +65,5 @@ def test_a_cancel_during_acquisition_wins_over_a_deferral(pg_url: str) -> None:
 
 
 def _try_claim(run_id: str, worker: str) -> Fence | None:
-    with session_scope() as s:
-        c = claim(s, run_id, worker_id=worker, lease_seconds=30)
-    return c.fence if isinstance(c, Claimed) else None
+    result = claim_now(run_id, worker)
+    return result.fence if isinstance(result, Claimed) else None

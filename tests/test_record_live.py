@@ -12,27 +12,18 @@ import sqlalchemy as sa
 from models import CapacityLease, RuntimeResource
 from tasks import ledger
 from tasks.acquisition import capacity
-from tasks.acquisition.claim import Claimed, claim
 from tasks.acquisition.sandbox import record_live
-from tasks.admission.submit import admit
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import Fence, hold
+from tasks.fence import Fence
 from tasks.sandbox import SandboxRef
-from tasks.settings import get_settings
-from tests.conftest import ROOT
+from tests.support import must_claim, new_run, reserve
 
 
-def claimed_run() -> tuple[Claimed, str]:
+def claimed_run() -> tuple[Fence, str]:
     org = f"org-{uuid.uuid4().hex[:8]}"
-    run_id = admit(ROOT / "examples" / "plays" / "noop.py", {}, org, None).run_id
-    with session_scope() as s:
-        c = claim(s, run_id, worker_id="t", lease_seconds=30)
-    assert isinstance(c, Claimed)
-    with session_scope() as s:
-        hold(s, c.fence)
-        lease = capacity.reserve(s, c.fence, org, get_settings()).lease_id
-    return c, lease
+    fence = must_claim(new_run(org), "t")
+    return fence, reserve(fence, org)
 
 
 def ref(sandbox_id: str) -> SandboxRef:
@@ -44,29 +35,29 @@ def promoter(fence: Fence, lease_id: str):  # type: ignore[no-untyped-def]
 
 
 def test_same_sandbox_same_attempt_twice_is_success_once_in_the_ledger(pg_url: str) -> None:
-    c, lease = claimed_run()
+    f, lease = claimed_run()
     sid = f"fsb-{uuid.uuid4().hex[:12]}"
-    record_live(c.fence, ref(sid), promoter(c.fence, lease))
-    record_live(c.fence, ref(sid), promoter(c.fence, lease))
+    record_live(f, ref(sid), promoter(f, lease))
+    record_live(f, ref(sid), promoter(f, lease))
     with session_scope() as s:
-        live = [e for e in ledger.read(s, c.fence.run_id) if e.kind == "sandbox.live"]
+        live = [e for e in ledger.read(s, f.run_id) if e.kind == "sandbox.live"]
         rows = s.scalars(sa.select(RuntimeResource).where(
-            RuntimeResource.run_id == c.fence.run_id)).all()
+            RuntimeResource.run_id == f.run_id)).all()
         state = s.scalar(sa.select(CapacityLease.state).where(CapacityLease.id == lease))
     assert len(live) == 1 and len(rows) == 1 and state == "live"
 
 
 def test_another_sandbox_or_a_stale_token_is_a_fence_loss(pg_url: str) -> None:
-    c, lease = claimed_run()
+    f, lease = claimed_run()
     first = f"fsb-{uuid.uuid4().hex[:12]}"
-    record_live(c.fence, ref(first), promoter(c.fence, lease))
+    record_live(f, ref(first), promoter(f, lease))
     other = f"fsb-{uuid.uuid4().hex[:12]}"
     with pytest.raises(FenceLostError):
-        record_live(c.fence, ref(other), promoter(c.fence, lease))
-    stale = Fence(c.fence.run_id, c.fence.generation, "not-the-token")
+        record_live(f, ref(other), promoter(f, lease))
+    stale = Fence(f.run_id, f.generation, "not-the-token")
     with pytest.raises(FenceLostError):
         record_live(stale, ref(first), promoter(stale, lease))
     with session_scope() as s:
         states = dict(s.execute(sa.select(RuntimeResource.sandbox_id, RuntimeResource.state)
-                                .where(RuntimeResource.run_id == c.fence.run_id)).all())
+                                .where(RuntimeResource.run_id == f.run_id)).all())
     assert states == {first: "live", other: "cleanup"}

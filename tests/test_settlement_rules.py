@@ -16,11 +16,11 @@ from tasks.execution.progress import parse_lines
 from tasks.execution.watch import finish
 from tasks.settlement.outcome import Outcome, from_result
 from tasks.settlement.terminal import settle
-from tests.test_holders import new_claim, reserve, state
+from tests.support import lease, must_claim, new_run, reserve
 
 
 def test_a_cancel_recorded_before_the_terminal_wins(pg_url: str) -> None:
-    f = new_claim(f"org-{uuid.uuid4().hex[:8]}", "A")
+    f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)
     settled = settle(f, Outcome(SUCCEEDED, output={"late": True}), reason="ended")
     assert settled.won and settled.outcome.status == "cancelled"
@@ -30,14 +30,14 @@ def test_a_cancel_recorded_before_the_terminal_wins(pg_url: str) -> None:
 
 def test_a_holder_whose_lease_ran_out_releases_nothing(pg_url: str) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
-    f = new_claim(org, "A")
+    f = must_claim(new_run(org), "A")
     lease_id = reserve(f, org)
     with session_scope() as s:  # the lease runs out (a long stall), nobody adopted yet
         s.execute(sa.update(Attempt).where(Attempt.run_id == f.run_id)
                   .values(lease_expires_at=db_now(-1)))
     finish(f, Outcome(SUCCEEDED, output={}), "ended")
     assert tasks.get_run(f.run_id).status == "running"
-    assert state(lease_id) == "reserved"  # kept for the reaper, which owns it next
+    assert lease(lease_id)[0] == "reserved"  # kept for the reaper, which owns it next
 
 
 def test_nan_and_infinity_are_not_json() -> None:

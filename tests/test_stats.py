@@ -13,7 +13,7 @@ from tasks.fence import hold
 from tasks.settings import get_settings
 from tasks.stats import collect
 from tests.conftest import ROOT, worker_env
-from tests.test_holders import StubApp, new_claim
+from tests.support import StubApp, must_claim, new_run
 
 
 def test_overruns_deferrals_and_held_leases_are_counted(pg_url: str) -> None:
@@ -21,11 +21,11 @@ def test_overruns_deferrals_and_held_leases_are_counted(pg_url: str) -> None:
     capacity.set_limit(org, 0)
     observe = get_settings().model_copy(update={"capacity_mode": "observe"})
     before = collect(3600)
-    f = new_claim(org, "A")
+    f = must_claim(new_run(org), "A")
     with session_scope() as s:
         hold(s, f)
         assert capacity.reserve(s, f, org, observe).overrun
-    g = new_claim(f"org-{uuid.uuid4().hex[:8]}", "B")
+    g = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "B")
     assert deferral.defer(g, "throttle", get_settings(), StubApp()) == "deferred"
     after = collect(3600)
     assert after.overruns_by_org.get(org) == 1

@@ -80,9 +80,9 @@ def resend_stale(app: Any, *, after_s: float, limit: int = 200) -> int:
     """
     newer = sa.orm.aliased(Outbox)
     with session_scope() as session:
-        backoff = after_s * sa.func.power(2, sa.func.least(Outbox.publish_count, 6))
-        if not is_postgres(session):
-            backoff = after_s * sa.func.power(2, sa.func.min(Outbox.publish_count, 6))
+        # Doubling per resend, capped at 2**6; CASE reads the same on both backends.
+        exponent = sa.case((Outbox.publish_count > 6, 6), else_=Outbox.publish_count)
+        backoff = after_s * sa.func.power(2, exponent)
         stmt = (
             sa.select(Outbox)
             .join(Run, Run.id == Outbox.run_id)

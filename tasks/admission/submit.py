@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from models import Outbox, PlayBundle, Run
+from models import Outbox, PlayBundle, Run, db_now
 from tasks import ledger
 from tasks.admission.validate import check_input, check_name, load_play
 from tasks.constants import EV_ADMITTED, QUEUED, TASK_START_ATTEMPT
@@ -46,8 +46,6 @@ def _insert_bundle(session: Session, digest: str, source: str) -> None:
 
 def enqueue_start(session: Session, run_id: str, *, delay_s: float = 0.0) -> str:
     """Add a start_attempt outbox row (published after commit, or by the sweep when due)."""
-    from models import db_now
-
     outbox_id = str(uuid.uuid4())
     session.add(Outbox(
         id=outbox_id, run_id=run_id, task_name=TASK_START_ATTEMPT, args=[run_id],

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from models import Run, db_now
+from models import Attempt, Run, db_now
 from tasks import ledger
-from tasks.constants import ATTEMPT_ENDED, TERMINAL_EVENT, TERMINAL_STATUSES
+from tasks.constants import ATTEMPT_ACTIVE, ATTEMPT_ENDED, TERMINAL_EVENT, TERMINAL_STATUSES
 from tasks.db import session_scope
 from tasks.fence import Fence, hold, lock_run
 from tasks.notify import run_settled
@@ -59,11 +60,6 @@ def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
 
 def settle_unattended(run_id: str, outcome: Outcome) -> Settled:
     """Settle a run that has no active attempt (cancelled while queued or deferred)."""
-    import sqlalchemy as sa
-
-    from models import Attempt
-    from tasks.constants import ATTEMPT_ACTIVE
-
     with session_scope() as session:
         run = lock_run(session, run_id)
         if run is None:

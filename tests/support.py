@@ -1,0 +1,188 @@
+"""Helpers shared by the tests that drive the run lifecycle by hand (no worker).
+
+Spawned child processes import the test modules that use these, so this module must
+not import tests.conftest.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from models import Attempt, CapacityLease, Outbox, Run, RunEvent, RuntimeResource, db_now
+from tasks.acquisition import capacity
+from tasks.acquisition.claim import Claimed, Skipped, claim
+from tasks.admission.submit import admit
+from tasks.constants import ATTEMPT_ACTIVE, ATTEMPT_FENCED_OUT, TERMINAL_STATUSES
+from tasks.db import session_scope
+from tasks.fence import Fence, hold
+from tasks.settings import Settings, get_settings
+from tasks.settlement.outcome import Outcome
+
+ROOT = Path(__file__).resolve().parent.parent
+NOOP = ROOT / "examples" / "plays" / "noop.py"
+PLAYS = ROOT / "tests" / "plays"
+HELLO = ROOT / "examples" / "plays" / "hello.py"
+# Workers that must not be paced by the start-rate bucket (tests about something else).
+FAST_STARTS = {"PLAYRUN_START_RATE_INITIAL_PER_MIN": "6000",
+               "PLAYRUN_START_RATE_MAX_PER_MIN": "12000"}
+TERMINAL_EVENTS = ("run.succeeded", "run.failed", "run.cancelled")
+# Worker settings for tests that recover from killed workers: short leases, fast passes.
+FAST_RECOVERY = {
+    "PLAYRUN_LEASE_SECONDS": "3",
+    "PLAYRUN_REAP_INTERVAL_S": "1",
+    "PLAYRUN_SWEEP_INTERVAL_S": "1",
+    "PLAYRUN_WATCH_INLINE_S": "1",
+}
+
+ORG_PREFIX = "fen-"
+
+
+def new_run(org_id: str | None = None) -> str:
+    """Admit a run the way submit_run does, but keep it off the broker (the test drives it)."""
+    admitted = admit(NOOP, {}, org_id or f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}", None)
+    with session_scope() as session:
+        session.execute(sa.update(Outbox).where(Outbox.id == admitted.outbox_id)
+                        .values(sent_at=db_now()))
+    return admitted.run_id
+
+
+def claim_now(run_id: str, worker: str = "w", lease_seconds: float = 30.0) -> Claimed | Skipped:
+    with session_scope() as session:
+        return claim(session, run_id, worker_id=worker, lease_seconds=lease_seconds)
+
+
+def must_claim(run_id: str, worker: str = "w", lease_seconds: float = 30.0) -> Fence:
+    result = claim_now(run_id, worker, lease_seconds)
+    assert isinstance(result, Claimed), result
+    return result.fence
+
+
+def snapshot(run_id: str) -> dict[str, Any]:
+    """Everything a write on behalf of an attempt could change, as plain values."""
+    with session_scope() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        attempts = session.execute(
+            sa.select(Attempt.generation, Attempt.lease_token, Attempt.state,
+                      Attempt.lease_expires_at, Attempt.end_reason, Attempt.sandbox_id,
+                      Attempt.worker_id)
+            .where(Attempt.run_id == run_id).order_by(Attempt.generation)).all()
+        events = session.execute(
+            sa.select(RunEvent.id, RunEvent.kind, RunEvent.generation)
+            .where(RunEvent.run_id == run_id).order_by(RunEvent.id)).all()
+        leases = session.execute(
+            sa.select(CapacityLease.id, CapacityLease.state, CapacityLease.sandbox_id)
+            .where(CapacityLease.run_id == run_id).order_by(CapacityLease.id)).all()
+        resources = session.execute(
+            sa.select(RuntimeResource.sandbox_id, RuntimeResource.state)
+            .where(RuntimeResource.run_id == run_id).order_by(RuntimeResource.sandbox_id)).all()
+        return {
+            "run": (run.status, run.code, run.error, run.output, run.current_generation,
+                    run.finished_at, run.updated_at),
+            "attempts": [tuple(a) for a in attempts],
+            "events": [tuple(e) for e in events],
+            "leases": [tuple(x) for x in leases],
+            "resources": [tuple(r) for r in resources],
+        }
+
+
+def outcome_of(run_id: str) -> Outcome:
+    with session_scope() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        return Outcome(run.status, run.code, run.error, run.output)
+
+
+def event_kinds(run_id: str) -> list[str]:
+    with session_scope() as session:
+        return list(session.scalars(sa.select(RunEvent.kind).where(RunEvent.run_id == run_id)
+                                    .order_by(RunEvent.id)))
+
+
+def is_current(fence: Fence) -> bool:
+    """The fence's truth, read independently of hold(): current, active, unexpired, open run."""
+    with session_scope() as session:
+        return bool(session.scalar(
+            sa.select(sa.func.count()).select_from(Attempt).join(Run, Run.id == Attempt.run_id)
+            .where(Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
+                   Attempt.lease_token == fence.lease_token, Attempt.state == ATTEMPT_ACTIVE,
+                   Attempt.lease_expires_at > db_now(),
+                   Run.current_generation == fence.generation,
+                   Run.status.not_in(list(TERMINAL_STATUSES)))))
+
+
+def wait_lease_expired(fence: Fence, timeout: float = 10.0) -> None:
+    """Poll the database clock (never the local one) until the fence's lease has passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with session_scope() as session:
+            passed = session.scalar(sa.select(Attempt.lease_expires_at < db_now()).where(
+                Attempt.run_id == fence.run_id, Attempt.generation == fence.generation))
+        if passed:
+            return
+        assert time.monotonic() < deadline, "the lease never expired by the database clock"
+        time.sleep(0.02)
+
+
+def supersede(run_id: str) -> None:
+    """Test harness: abandon the current attempt so the next claim opens a new generation."""
+    with session_scope() as session:
+        session.execute(sa.update(Attempt).where(
+            Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE,
+        ).values(state=ATTEMPT_FENCED_OUT, ended_at=db_now()))
+
+
+def close_open_runs(org_prefix: str) -> None:
+    """Runs a module drove by hand end cancelled, so no later reaper or sweep adopts them."""
+    with session_scope() as session:
+        open_ids = sa.select(Run.id).where(Run.status.not_in(list(TERMINAL_STATUSES)),
+                                           Run.org_id.startswith(org_prefix))
+        session.execute(sa.update(Attempt).where(
+            Attempt.run_id.in_(open_ids), Attempt.state.in_([ATTEMPT_ACTIVE, "deferred"]),
+        ).values(state="ended", end_reason="test_cleanup", ended_at=db_now()))
+        session.execute(sa.update(CapacityLease).where(
+            CapacityLease.run_id.in_(open_ids), CapacityLease.state.in_(["reserved", "live"]),
+        ).values(state="released", released_at=db_now()))
+        session.execute(sa.update(Run).where(Run.id.in_(open_ids)).values(
+            status="cancelled", code="CANCELLED", error="closed by the test harness",
+            finished_at=db_now(), deferred_until=None))
+
+
+def held(org_id: str) -> int:
+    with session_scope() as session:
+        return capacity.in_use(session, org_id)
+
+
+def reserve(fence: Fence, org_id: str, settings: Settings | None = None) -> str:
+    """What start_attempt does: reserve inside a fenced transaction."""
+    with session_scope() as session:
+        hold(session, fence)
+        return capacity.reserve(session, fence, org_id, settings or get_settings()).lease_id
+
+
+def promote(fence: Fence, lease_id: str, provider: str, sandbox_id: str) -> None:
+    with session_scope() as session:
+        hold(session, fence)
+        capacity.promote(session, fence, lease_id, provider, sandbox_id)
+
+
+def lease(lease_id: str) -> tuple[str, str | None, str | None]:
+    with session_scope() as session:
+        row = session.get(CapacityLease, lease_id)
+        assert row is not None
+        return row.state, row.provider, row.sandbox_id
+
+
+class StubApp:
+    """Stands in for the Celery app where the reaper or a deferral publishes a task."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+
+    def send_task(self, name: str, args: Any = None, **_: Any) -> None:
+        self.sent.append((name, args))

@@ -21,9 +21,22 @@ class Settings(BaseSettings):
     database_url: str = f"sqlite:///{_HOME / 'playrun.db'}"
     redis_url: str = "redis://127.0.0.1:6379/0"
     gateway_url: str = "http://127.0.0.1:8765"
+    # The gateway also listens here; strict sandboxes reach it only through this socket.
+    # Its directory is bound into each sandbox, so keep nothing else in it.
+    gateway_socket: Path = _HOME / "gateway" / "gateway.sock"
+    # Largest request body the gateway reads; a result document is at most ~1 MiB.
+    gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # The runner heartbeats this often; a runner silent for heartbeat_timeout_s is inspected.
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
     secret_key: str = DEV_SECRET_KEY
     sandbox_provider: str = "local"
     sandbox_root: Path = _HOME / "sandboxes"
+    # strict: bubblewrap namespaces, only the sandbox dir writable, no network but the
+    # gateway socket; process: a process group on the host filesystem; auto: strict if it works.
+    sandbox_isolation: Literal["auto", "strict", "process"] = "auto"
+    # Outbound network for strict sandboxes: a risk (plays reach whatever the host reaches).
+    sandbox_network: bool = False
     org_capacity: int = Field(default=10, ge=0)
     capacity_mode: Literal["enforce", "observe"] = "enforce"
     # In `enforce`, a full org fails the run, or with `defer` waits through the bounded deferral.

@@ -2,13 +2,14 @@
 
 from models.base import Base, JSONType, UTCDateTime, db_now, new_id
 from models.resources import CapacityLease, CapacityOrg, RuntimeResource, TrafficPolicy
-from models.runs import Attempt, Outbox, PlayBundle, Run, RunEvent
+from models.runs import Attempt, EventDelivery, Outbox, PlayBundle, Run, RunEvent
 
 __all__ = [
     "Attempt",
     "Base",
     "CapacityLease",
     "CapacityOrg",
+    "EventDelivery",
     "JSONType",
     "Outbox",
     "PlayBundle",

@@ -42,6 +42,8 @@ class Run(Base):
     deferral_total_ms: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     deferred_until: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
     last_deferral_cause: Mapped[str | None] = mapped_column(sa.String(64))
+    # Passes of maintenance that failed unexpectedly for this run; bounded (see trouble.py).
+    trouble_count: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -66,9 +68,31 @@ class Attempt(Base):
     runner_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     runner_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime)
     events_offset: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    # The launch the runner's token names: the runner's own fence at the gateway.
+    launch_id: Mapped[str | None] = mapped_column(sa.String(32))
+    # Celery queue of the host that owns a `local` sandbox (None: any worker reaches it).
+    host_queue: Mapped[str | None] = mapped_column(sa.String(200))
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When the gateway was last seen unreachable by an inspection that found it running.
+    unreachable_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    progress_count: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    progress_dropped: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     end_reason: Mapped[str | None] = mapped_column(sa.String(64))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class EventDelivery(Base):
+    """One keyed delivery of progress events; a repeated key writes nothing twice."""
+
+    __tablename__ = "event_deliveries"
+
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    idempotency_key: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    owner: Mapped[str] = mapped_column(sa.String(200))
+    count: Mapped[int] = mapped_column(sa.Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
 
 
 class RunEvent(Base):

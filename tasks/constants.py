@@ -37,6 +37,8 @@ START_DEFERRAL_EXHAUSTED: Final = "START_DEFERRAL_EXHAUSTED"
 RUNTIME_RUNNER_LOST: Final = "RUNTIME_RUNNER_LOST"
 CANCELLED_CODE: Final = "CANCELLED"
 SANDBOX_START_FAILED: Final = "SANDBOX_START_FAILED"
+# Maintenance kept failing on this run (see tasks/maintenance/trouble.py).
+RUNTIME_INTERNAL_ERROR: Final = "RUNTIME_INTERNAL_ERROR"
 
 CAPACITY_EXCEEDED_MESSAGE: Final = (
     "This organization's execution concurrency limit is currently full."
@@ -54,6 +56,10 @@ EV_CAPACITY_RELEASED: Final = "capacity.released"
 EV_CAPACITY_OVERRUN: Final = "capacity.overrun"
 EV_RECEIPTS_RELEASED: Final = "receipts.released"
 EV_CANCEL_REQUESTED: Final = "run.cancel_requested"
+EV_MAINTENANCE_FAILED: Final = "run.maintenance_failed"
+EV_PROGRESS_DROPPED: Final = "run.progress_dropped"
+EV_RUNNER_LOST: Final = "runner.lost"
+EV_RUNNER_UNREACHABLE: Final = "runner.unreachable"
 TERMINAL_EVENT: Final = {
     SUCCEEDED: "run.succeeded", FAILED: "run.failed", CANCELLED: "run.cancelled",
 }

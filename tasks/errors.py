@@ -51,6 +51,17 @@ class InputInvalidError(PlayrunError):
     code = "INPUT_INVALID"
 
 
+class DocumentInvalidError(PlayrunError):
+    """A document from a sandbox is not strict, bounded, storable JSON."""
+
+    code = "DOCUMENT_INVALID"
+
+    def __init__(self, message: str = "", *, reason: str = "invalid") -> None:
+        super().__init__(message)
+        # size, encoding, syntax, depth, number or type: what callers may report.
+        self.reason = reason
+
+
 class RunNotFoundError(PlayrunError):
     """No run has this id."""
 

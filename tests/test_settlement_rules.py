@@ -45,7 +45,9 @@ def test_nan_and_infinity_are_not_json() -> None:
     assert (bad.status, bad.code) == ("failed", "OUTPUT_INVALID")
     found, used = parse_lines(b'{"message": "m", "fields": {"a": Infinity}}\n'
                               b'{"message": "ok"}\n')
-    assert [p.message for p in found] == ["ok"] and used > 0
+    # The unusable line is not silently lost: a note with its reason takes its place.
+    assert [(p.message, p.fields) for p in found] == [
+        ("[a progress line was dropped]", {"reason": "number"}), ("ok", {})] and used > 0
 
 
 def test_the_upgrade_gives_rows_in_flight_their_holder(tmp_path: Path) -> None:

@@ -9,14 +9,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tasks import untrusted
 from tasks.constants import MAX_EVENT_BYTES
-from tasks.settlement.outcome import clean, strict_loads
+from tasks.errors import DocumentInvalidError
 
 
 @dataclass(frozen=True)
 class Progress:
     message: str
     fields: dict[str, Any]
+
+
+def parse_event(line: bytes) -> Progress | None:
+    """One progress line; an unusable one is kept as a note, so nothing vanishes unsaid."""
+    try:
+        doc = untrusted.parse(line, max_bytes=MAX_EVENT_BYTES * 2)
+    except DocumentInvalidError as exc:
+        return Progress("[a progress line was dropped]", {"reason": exc.reason})
+    if not isinstance(doc, dict):
+        return Progress("[a progress line was dropped]", {"reason": "type"})
+    message = doc.get("message", "")
+    fields = doc.get("fields")
+    return Progress(str(message)[:MAX_EVENT_BYTES] if isinstance(message, str) else "",
+                    fields if isinstance(fields, dict) else {})
 
 
 def parse_lines(chunk: bytes) -> tuple[list[Progress], int]:
@@ -30,13 +45,7 @@ def parse_lines(chunk: bytes) -> tuple[list[Progress], int]:
     for line in chunk[: end + 1].splitlines():
         if not line.strip():
             continue
-        try:
-            doc = strict_loads(line)
-        except ValueError:
-            continue
-        if not isinstance(doc, dict):
-            continue
-        fields = doc.get("fields")
-        found.append(Progress(clean(str(doc.get("message", ""))[:MAX_EVENT_BYTES]),
-                              clean(fields) if isinstance(fields, dict) else {}))
+        progress = parse_event(line)
+        if progress is not None:
+            found.append(progress)
     return found, end + 1

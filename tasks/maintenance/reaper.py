@@ -26,6 +26,7 @@ from tasks.constants import (
 )
 from tasks.db import session_scope
 from tasks.fence import Fence, lock_run
+from tasks.maintenance.trouble import note_failure
 from tasks.release.attempt import release_attempt
 from tasks.settings import Settings
 
@@ -136,8 +137,9 @@ def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
             adopted = _adopt(run_id, settings)
             if adopted is not None:
                 _recover(adopted, settings, app, report)
-        except Exception:
-            log.exception("recovering run %s failed; the next pass tries again", run_id)
+        except Exception as exc:  # noqa: BLE001 - one run's trouble must not stop the pass
+            # The next pass tries again, a bounded number of times (trouble.py).
+            note_failure(run_id, exc, "the reaper's recovery")
 
 
 def retry_releases(report: ReapReport) -> None:

@@ -9,7 +9,14 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks import ledger
-from tasks.constants import ATTEMPT_ACTIVE, ATTEMPT_ENDED, TERMINAL_EVENT, TERMINAL_STATUSES
+from tasks.constants import (
+    ATTEMPT_ACTIVE,
+    ATTEMPT_ENDED,
+    OUTPUT_INVALID,
+    SUCCEEDED,
+    TERMINAL_EVENT,
+    TERMINAL_STATUSES,
+)
 from tasks.db import session_scope
 from tasks.fence import Fence, hold, lock_run
 from tasks.notify import run_settled
@@ -39,9 +46,36 @@ def write_terminal(session: Session, run: Run, outcome: Outcome, generation: int
                   {"code": outcome.code, "error": outcome.error}, generation)
 
 
+# The database refused the values themselves: retrying the same write cannot help.
+_REFUSED = (sa.exc.DataError, sa.exc.IntegrityError, sa.exc.ProgrammingError,
+            sa.exc.StatementError)
+_TRANSIENT = (sa.exc.OperationalError, sa.exc.InterfaceError)
+
+
+def unstorable(outcome: Outcome, exc: Exception) -> Outcome:
+    """What to settle instead of an outcome the database would not store."""
+    reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+    return Outcome.failed(OUTPUT_INVALID,
+                          f"the play's {outcome.status} result could not be stored: {reason}")
+
+
 def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
     """Settle the run for this attempt. Raises FenceLostError if the attempt is not current
-    and the run is not terminal; if a terminal already won, reports it (won=False)."""
+    and the run is not terminal; if a terminal already won, reports it (won=False).
+
+    An outcome the database refuses is settled as OUTPUT_INVALID instead, so a hostile
+    document can never leave a run unsettleable.
+    """
+    try:
+        return _settle(fence, outcome, reason)
+    except _REFUSED as exc:
+        if isinstance(exc, _TRANSIENT) or (outcome.output is None
+                                            and outcome.status != SUCCEEDED):
+            raise
+        return _settle(fence, unstorable(outcome, exc), reason)
+
+
+def _settle(fence: Fence, outcome: Outcome, reason: str) -> Settled:
     with session_scope() as session:
         run = lock_run(session, fence.run_id)
         if run is not None and run.status in TERMINAL_STATUSES:
@@ -75,5 +109,22 @@ def settle_unattended(run_id: str, outcome: Outcome) -> Settled:
         ).values(state=ATTEMPT_ENDED, end_reason=outcome.code or outcome.status,
                  ended_at=db_now()))
         write_terminal(session, run, outcome, None)
+    run_settled(run_id, outcome.status)
+    return Settled(True, outcome)
+
+
+def settle_forced(run_id: str, outcome: Outcome, reason: str) -> Settled:
+    """Settle a run whatever its attempts hold: the last word when maintenance keeps
+    failing on it. Its attempts end; the reaper's release retry then frees their rows."""
+    with session_scope() as session:
+        run = lock_run(session, run_id)
+        if run is None:
+            raise LookupError(run_id)
+        if run.status in TERMINAL_STATUSES:
+            return Settled(False, _current(run))
+        session.execute(sa.update(Attempt).where(
+            Attempt.run_id == run_id, Attempt.state != ATTEMPT_ENDED,
+        ).values(state=ATTEMPT_ENDED, end_reason=reason, ended_at=db_now()))
+        write_terminal(session, run, outcome, run.current_generation or None)
     run_settled(run_id, outcome.status)
     return Settled(True, outcome)

@@ -16,11 +16,14 @@ from models import Attempt, Run, db_now
 from tasks import ledger
 from tasks.admission.relay import publish_admitted
 from tasks.admission.submit import admit
+from tasks.app import app, send
 from tasks.constants import (
     CANCELLED,
     CANCELLED_CODE,
     EV_CANCEL_REQUESTED,
     KEY_RUN_DONE,
+    QUEUE,
+    TASK_CANCEL_ATTEMPT,
     TASK_START_ATTEMPT,
     TERMINAL_STATUSES,
 )
@@ -47,6 +50,9 @@ class AttemptView:
     sandbox_id: str | None
     started_at: datetime
     ended_at: datetime | None
+    # For a launched runner: its last recorded heartbeat, and when it counts as lost.
+    last_heartbeat_at: datetime | None = None
+    heartbeat_deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -123,8 +129,6 @@ class RunHandle:
 def submit_run(play: str | Path, input: Any = None, *, org_id: str,
                idempotency_key: str | None = None) -> RunHandle:
     """Admit a run; with a key already used by this org, return that run and write nothing."""
-    from tasks.app import app
-
     ensure_schema_once()
     admitted = admit(play, input, org_id, idempotency_key)
     if admitted.outbox_id is not None:
@@ -137,7 +141,10 @@ def _view(run: Run, attempts: list[Attempt]) -> RunView:
     return RunView(
         id=run.id, org_id=run.org_id, status=run.status, code=run.code, error=run.error,
         output=run.output, created_at=run.created_at, finished_at=run.finished_at,
-        attempts=[AttemptView(a.generation, a.state, a.sandbox_id, a.started_at, a.ended_at)
+        attempts=[AttemptView(a.generation, a.state, a.sandbox_id, a.started_at, a.ended_at,
+                              a.last_heartbeat_at,
+                              a.lease_expires_at if a.runner_started_at is not None
+                              and a.state == "active" else None)
                   for a in attempts],
         play_path=run.play_path, idempotency_key=run.idempotency_key,
         deferral_count=run.deferral_count,
@@ -185,4 +192,21 @@ def cancel_run(run_id: str) -> RunView:
     if first:
         # Queued or deferred runs have nobody watching: settle here (a no-op if active).
         settle_unattended(run_id, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"))
+        launched = _launched_host(run_id)
+        if launched is not None:
+            # The sandbox's host deletes it, then writes `cancelled`; the runner also hears
+            # of it on its next heartbeat. A lost message is resent by the reaper.
+            with contextlib.suppress(Exception):
+                send(TASK_CANCEL_ATTEMPT, [run_id], launched or QUEUE)
     return get_run(run_id)
+
+
+def _launched_host(run_id: str) -> str | None:
+    """The queue of the host running this run's runner ("" for any), None if not launched."""
+    with session_scope(readonly=True) as session:
+        row = session.execute(sa.select(Attempt.host_queue).join(Run, Run.id == Attempt.run_id)
+                              .where(Attempt.run_id == run_id,
+                                     Attempt.generation == Run.current_generation,
+                                     Attempt.state == "active",
+                                     Attempt.runner_started_at.is_not(None))).first()
+    return None if row is None else (row[0] or "")

@@ -6,10 +6,14 @@ import logging
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.signals import celeryd_after_setup
+from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
+from tasks.constants import QUEUE
 from tasks.db import require_current_schema
 from tasks.errors import PlayrunError
 from tasks.maintenance.watchdog import BrokerWatchdog
+from tasks.runtime import host_queue
 from tasks.settings import get_settings
 
 log = logging.getLogger("playrun.worker")
@@ -32,6 +36,24 @@ class SchemaCheck(bootsteps.Step):
         except PlayrunError as exc:
             log.critical("refusing to start: %s", exc)
             raise SystemExit(f"playrun worker refused to start: {exc}") from exc
+
+
+def queue(name: str) -> Queue:
+    """A direct queue by name (the default one, or a host's own queue)."""
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)  # type: ignore[no-untyped-call]
+
+
+def send(name: str, args: list[Any], queue_name: str = QUEUE) -> None:
+    app.send_task(name, args=args, queue=queue(queue_name))
+
+
+@celeryd_after_setup.connect
+def _consume_host_queue(sender: Any, instance: Any, **_kwargs: Any) -> None:
+    """Sandboxes only this host reaches are inspected and deleted through its own queue."""
+    name = host_queue()
+    if name is not None:
+        instance.app.amqp.queues.select_add(queue(name))
+        log.info("consuming this host's sandbox queue %s", name)
 
 
 app = Celery("playrun")

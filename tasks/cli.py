@@ -24,6 +24,10 @@ app.add_typer(capacity_app, name="capacity")
 console = Console()
 
 
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
 def _view_dict(view: Any) -> dict[str, Any]:
     return {
         "id": view.id, "org_id": view.org_id, "status": view.status, "code": view.code,
@@ -31,7 +35,9 @@ def _view_dict(view: Any) -> dict[str, Any]:
         "finished_at": view.finished_at.isoformat() if view.finished_at else None,
         "attempts": [{"generation": a.generation, "state": a.state, "sandbox_id": a.sandbox_id,
                       "started_at": a.started_at.isoformat(),
-                      "ended_at": a.ended_at.isoformat() if a.ended_at else None}
+                      "ended_at": a.ended_at.isoformat() if a.ended_at else None,
+                      "last_heartbeat_at": _iso(a.last_heartbeat_at),
+                      "heartbeat_deadline": _iso(a.heartbeat_deadline)}
                      for a in view.attempts],
     }
 
@@ -42,6 +48,15 @@ def demo(keep: bool = typer.Option(False, help="Keep the demo's logs and databas
     from tasks.demo import run_demo
 
     raise typer.Exit(run_demo(keep=keep))
+
+
+@app.command()
+def gateway() -> None:
+    """Serve the runtime API for sandboxes (TCP from PLAYRUN_GATEWAY_URL, and a Unix socket)."""
+    from tasks.gateway.serve import serve
+    from tasks.settings import get_settings
+
+    serve(get_settings())
 
 
 @db_app.command("upgrade")

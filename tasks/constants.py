@@ -77,6 +77,7 @@ EVENTS_FILE: Final = "events.jsonl"
 PLAY_FILE: Final = "play.py"
 INPUT_FILE: Final = "input.json"
 RUNNER_FILE: Final = "runner.py"
+RUNNER_CLIENT_FILE: Final = "playrun_client.py"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -88,6 +89,11 @@ TASK_REAP: Final = "playrun.reap"
 TASK_SWEEP_DEFERRED: Final = "playrun.sweep_deferred"
 TASK_SANDBOX_GC: Final = "playrun.sandbox_gc"
 TASK_WATCHDOG_PING: Final = "playrun.watchdog_ping"
+TASK_RELEASE_ATTEMPT: Final = "playrun.release_attempt"
+TASK_INSPECT_ATTEMPT: Final = "playrun.inspect_attempt"
+TASK_CANCEL_ATTEMPT: Final = "playrun.cancel_attempt"
+# Per-host queues for sandboxes only their host can reach (the `local` provider).
+HOST_QUEUE_PREFIX: Final = "playrun.host."
 
 # Redis key prefixes.
 KEY_PREFIX: Final = "playrun"

@@ -90,3 +90,57 @@ class WriteIntentUnavailableError(PlayrunError):
     """The gateway does not offer the write-intent sheet start."""
 
     code = "WRITE_INTENT_UNAVAILABLE"
+
+
+class GatewayError(PlayrunError):
+    """The gateway refused the request."""
+
+    code = "GATEWAY_BAD_REQUEST"
+    status = 400
+
+
+class GatewayBadRequestError(GatewayError):
+    """The request is malformed."""
+
+
+class GatewayBodyTooLargeError(GatewayError):
+    """The request body is larger than the gateway accepts."""
+
+    code = "GATEWAY_BODY_TOO_LARGE"
+    status = 413
+
+
+class GatewayUnknownActionError(GatewayError):
+    """The gateway does not know this action."""
+
+    code = "GATEWAY_UNKNOWN_ACTION"
+    status = 404
+
+
+class GatewayUnknownFieldError(GatewayError):
+    """The action carries a field the gateway does not know."""
+
+    code = "GATEWAY_UNKNOWN_FIELD"
+    status = 422
+
+
+class TokenInvalidError(GatewayError):
+    """The capability token is missing, forged or malformed."""
+
+    code = "GATEWAY_TOKEN_INVALID"
+    status = 401
+
+
+class TokenExpiredError(GatewayError):
+    """The capability token has expired."""
+
+    code = "GATEWAY_TOKEN_EXPIRED"
+    status = 401
+
+
+class CapabilityDeniedError(GatewayError):
+    """The token does not grant this action."""
+
+    code = "GATEWAY_CAPABILITY_DENIED"
+    status = 403
+

@@ -69,3 +69,42 @@ def renew(session: Session, fence: Fence, lease_seconds: float) -> None:
         )
         .values(lease_expires_at=db_now(lease_seconds))
     )
+
+
+@dataclass(frozen=True)
+class LaunchFence:
+    """A launched runner's identity: the gateway fences its writes on this."""
+
+    run_id: str
+    generation: int
+    launch_id: str
+
+
+def launch_filter(fence: LaunchFence) -> sa.ColumnElement[bool]:
+    """Attempt rows that are this launch, still active, in the run's current generation."""
+    current = sa.select(Run.current_generation).where(Run.id == fence.run_id) \
+        .scalar_subquery()
+    return sa.and_(Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
+                   Attempt.launch_id == fence.launch_id, Attempt.state == ATTEMPT_ACTIVE,
+                   Attempt.generation == current)
+
+
+def hold_launch(session: Session, fence: LaunchFence) -> tuple[Run, Attempt]:
+    """The fence for writes a runner makes through the gateway, in the caller's transaction.
+
+    The runner's launch id, not the worker's lease token, names the writer: the reaper may
+    adopt the attempt under a new token while the runner it launched is still the one
+    running. Its silence is judged by the reaper (heartbeat deadline), not here.
+    """
+    run = lock_run(session, fence.run_id)
+    if run is None or run.current_generation != fence.generation:
+        raise FenceLostError(f"run {fence.run_id} generation {fence.generation} is not current")
+    if run.status in TERMINAL_STATUSES:
+        raise FenceLostError(f"run {fence.run_id} is already {run.status}")
+    stmt = sa.select(Attempt).where(launch_filter(fence))
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    attempt = session.scalars(stmt.execution_options(populate_existing=True)).first()
+    if attempt is None:
+        raise FenceLostError(f"launch {fence.launch_id} of run {fence.run_id} is not current")
+    return run, attempt

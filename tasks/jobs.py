@@ -1,32 +1,56 @@
-"""The Celery tasks: thin shells over the life-of-a-run modules."""
+"""The Celery tasks: thin shells that walk a run down its life.
+
+start_attempt claims, acquires and launches, then returns: the runner pushes its own
+progress and terminal through the gateway. The tasks that touch a sandbox (release,
+inspect, cancel) go to the queue of the host that holds it.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+import sqlalchemy as sa
 from celery import Task
 
-from tasks.acquisition.claim import seconds_until_due
-from tasks.acquisition.start import start
+from models import Attempt, Run, db_now
+from tasks import ledger
+from tasks.acquisition.claim import Skip, Skipped, seconds_until_due
+from tasks.acquisition.deferral import defer
+from tasks.acquisition.start import Step, acquire_sandbox, open_attempt
 from tasks.admission.relay import publish_due, resend_stale
 from tasks.app import app
 from tasks.constants import (
-    QUEUE,
+    ATTEMPT_ACTIVE,
+    EV_RUNNER_LOST,
+    EV_RUNNER_UNREACHABLE,
+    RUNTIME_RUNNER_LOST,
+    SANDBOX_START_FAILED,
+    TASK_CANCEL_ATTEMPT,
+    TASK_INSPECT_ATTEMPT,
     TASK_REAP,
-    TASK_RELAY_OUTBOX,
+    TASK_RELEASE_ATTEMPT,
     TASK_SANDBOX_GC,
     TASK_START_ATTEMPT,
     TASK_SWEEP_OUTBOX,
-    TASK_WATCH_ATTEMPT,
     TASK_WATCHDOG_PING,
 )
-from tasks.execution.watch import watch
-from tasks.fence import Fence
+from tasks.db import session_scope
+from tasks.errors import FenceLostError
+from tasks.execution.inspect import inspect
+from tasks.execution.launch import Launch, launch
+from tasks.fence import Fence, hold
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import reap
+from tasks.maintenance.trouble import note_failure
+from tasks.release.attempt import release_attempt
+from tasks.release.finish import finish
+from tasks.release.sandboxes import release_sandboxes
 from tasks.runtime import provider
+from tasks.sandbox import ProviderError
 from tasks.settings import get_settings
+from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
+from tasks.settlement.terminal import CANCEL_REASON, settle_forced, settle_unattended
 
 log = logging.getLogger("playrun.jobs")
 
@@ -34,52 +58,120 @@ log = logging.getLogger("playrun.jobs")
 @app.task(name=TASK_START_ATTEMPT, bind=True, max_retries=None)
 def start_attempt(self: Task, run_id: str) -> str:
     settings = get_settings()
-    outcome = start(run_id, settings, app)
-    if outcome == "locked":
-        # Another worker holds the run row right now; look again shortly.
-        raise self.retry(countdown=1)
-    if outcome == "not_due":
-        # Early by the worker's clock (the DB clock decides): come back when it is due,
-        # or leave it to the sweep if that is further off than any countdown we allow.
-        left = seconds_until_due(run_id)
-        if left is not None and left <= settings.max_countdown_s:
-            raise self.retry(countdown=max(left, 0.0) + 0.05)
-    if outcome == "launched":
-        from tasks.execution.watch import current_fence
+    opened = open_attempt(run_id, settings)
+    if isinstance(opened, Skipped):
+        if opened.reason == Skip.LOCKED:
+            raise self.retry(countdown=1)  # another worker holds the run row right now
+        if opened.reason == Skip.NOT_DUE:
+            # Early by the worker's clock (the DB clock decides): come back when due, or
+            # leave it to the sweep if that is further off than any countdown we allow.
+            left = seconds_until_due(run_id)
+            if left is not None and left <= settings.max_countdown_s:
+                raise self.retry(countdown=max(left, 0.0) + 0.05)
+        if opened.reason == Skip.CANCEL:
+            settle_unattended(run_id, CANCELLED_OUTCOME)
+        return opened.reason.value
+    fence = opened.fence
+    try:
+        acquired = acquire_sandbox(opened, settings, app)
+        if acquired.step == Step.FAILED:
+            finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
+        if acquired.step != Step.LIVE or acquired.ref is None:
+            return acquired.step.value
+        ref = acquired.ref
+        launched = launch(fence, provider(ref.provider), ref.sandbox_id, opened.org_id,
+                          settings)
+    except FenceLostError as exc:
+        log.warning("run %s gen %s lost its fence during start: %s", run_id,
+                    fence.generation, exc)
+        release_attempt(run_id, fence.generation, fence.lease_token)
+        return "fence_lost"
+    if launched.step == Launch.CANCELLED:
+        finish(fence, CANCELLED_OUTCOME, CANCEL_REASON)
+    elif launched.step == Launch.VANISHED:
+        # The sandbox vanished before exec: no customer code ran, retrying is safe.
+        defer(fence, "transport", settings, app, detail=launched.error[:200])
+    elif launched.step == Launch.FAILED:
+        finish(fence, Outcome.failed(SANDBOX_START_FAILED, launched.error), "start_failed")
+    elif launched.step == Launch.AMBIGUOUS:
+        # The runner may have started: never retried; its heartbeats or an inspection decide.
+        log.warning("launch of run %s unconfirmed (%s)", run_id, launched.error)
+    return launched.step.value
 
-        fence = current_fence(run_id)
-        if fence is not None:
-            _watch(fence, settings.watch_inline_s)
-    log.info("start_attempt %s: %s", run_id, outcome)
-    return outcome
+
+@app.task(name=TASK_RELEASE_ATTEMPT, ignore_result=True)
+def release_attempt_task(run_id: str, generation: int, holder_token: str) -> None:
+    """After a pushed terminal: the sandbox, the capacity lease (and later receipts)."""
+    release_attempt(run_id, generation, holder_token)
 
 
-def _watch(fence: Fence, inline_s: float) -> str:
+def _quiet_attempt(run_id: str, generation: int, token: str) -> tuple[str | None, bool] | None:
+    with session_scope(readonly=True) as session:
+        row = session.execute(sa.select(
+            Attempt.sandbox_id, Attempt.runner_deadline < db_now(),
+        ).where(Attempt.run_id == run_id, Attempt.generation == generation,
+                Attempt.lease_token == token, Attempt.state == ATTEMPT_ACTIVE)).first()
+    return (row[0], bool(row[1])) if row else None
+
+
+def _keep_running(fence: Fence) -> None:
+    """Still running but silent (the gateway was unreachable): give it another timeout."""
     settings = get_settings()
-    from tasks.runtime import provider as provider_for
+    with session_scope() as session:
+        _run, attempt = hold(session, fence)
+        if attempt.unreachable_at is None:
+            ledger.append(session, fence.run_id, EV_RUNNER_UNREACHABLE,
+                          {"reason": "heartbeats stopped but the runner is still running"},
+                          fence.generation)
+        attempt.unreachable_at = db_now()
+        attempt.lease_expires_at = db_now(settings.heartbeat_timeout_s)
 
-    result = watch(fence, provider_for(), settings, inline_s)
-    if result == "again":
-        watch_attempt.apply_async(
-            args=[fence.run_id, fence.generation, fence.lease_token],
-            countdown=min(settings.watch_interval_s, settings.max_countdown_s), queue=QUEUE,
-        )
-    return result
+
+@app.task(name=TASK_INSPECT_ATTEMPT, ignore_result=True)
+def inspect_attempt(run_id: str, generation: int, lease_token: str) -> None:
+    """A runner whose heartbeats stopped, on its own host: settle from what it left."""
+    found = _quiet_attempt(run_id, generation, lease_token)
+    if found is None:
+        return  # settled or adopted meanwhile
+    sandbox_id, past_deadline = found
+    fence = Fence(run_id, generation, lease_token)
+    try:
+        outcome = inspect(provider(), sandbox_id, past_deadline=past_deadline)
+        if outcome is None:
+            _keep_running(fence)
+            return
+        if outcome.code == RUNTIME_RUNNER_LOST:
+            with session_scope() as session:
+                hold(session, fence)
+                ledger.append(session, run_id, EV_RUNNER_LOST, {"reason": outcome.error},
+                              generation)
+        finish(fence, outcome, "runner_lost")
+    except FenceLostError:
+        return
+    except (ProviderError, sa.exc.SQLAlchemyError) as exc:
+        note_failure(run_id, exc, "the lost-runner inspection")
 
 
-@app.task(name=TASK_WATCH_ATTEMPT)
-def watch_attempt(run_id: str, generation: int, lease_token: str) -> str:
-    return _watch(Fence(run_id, generation, lease_token), get_settings().watch_inline_s)
+@app.task(name=TASK_CANCEL_ATTEMPT, ignore_result=True)
+def cancel_attempt(run_id: str) -> None:
+    """Delete the sandbox, then write `cancelled` unless a terminal already won."""
+    with session_scope(readonly=True) as session:
+        row = session.execute(sa.select(Attempt.generation, Attempt.lease_token).join(
+            Run, Run.id == Attempt.run_id).where(
+            Attempt.run_id == run_id, Attempt.generation == Run.current_generation,
+            Attempt.state == ATTEMPT_ACTIVE)).first()
+    if row is None:
+        settle_unattended(run_id, CANCELLED_OUTCOME)
+        return
+    generation, token = row
+    release_sandboxes(run_id, generation, token)
+    settle_forced(run_id, CANCELLED_OUTCOME, CANCEL_REASON)
+    release_attempt(run_id, generation, token)
 
 
 @app.task(name=TASK_WATCHDOG_PING, ignore_result=True)
 def watchdog_ping() -> None:
     """Received is what counts (see tasks.maintenance.watchdog); running it is a no-op."""
-
-
-@app.task(name=TASK_RELAY_OUTBOX)
-def relay_outbox(ids: list[str] | None = None) -> int:
-    return publish_due(app, ids=ids)
 
 
 @app.task(name=TASK_SWEEP_OUTBOX)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import socket
 from functools import lru_cache
 from pathlib import Path
 
+from tasks.constants import HOST_QUEUE_PREFIX
 from tasks.sandbox import SandboxProvider, get_provider
 from tasks.settings import get_settings
 
@@ -23,3 +26,19 @@ def provider(name: str | None = None) -> SandboxProvider:
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def host_queue(provider_name: str | None = None) -> str | None:
+    """The queue of this host's sandboxes, for providers whose sandboxes live on one host.
+
+    A `local` sandbox exists only on (this machine, this sandbox root): two workers with
+    their own roots are two hosts, even on one machine. None: any worker reaches it.
+    """
+    settings = get_settings()
+    name = provider_name or settings.sandbox_provider
+    if name != "local":
+        return None
+    root = str(Path(settings.sandbox_root).resolve())
+    digest = hashlib.sha256(root.encode()).hexdigest()[:10]
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:80]
+    return f"{HOST_QUEUE_PREFIX}{host}.{digest}"

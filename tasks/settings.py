@@ -29,6 +29,10 @@ class Settings(BaseSettings):
     # The runner heartbeats this often; a runner silent for heartbeat_timeout_s is inspected.
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    # Progress events kept per attempt; beyond this one event records how many were dropped.
+    progress_max_events: int = Field(default=10_000, ge=0)
+    # Gateway actions this gateway refuses as unknown (stands in for an older release).
+    gateway_withdrawn_actions: list[str] = []
     secret_key: str = DEV_SECRET_KEY
     sandbox_provider: str = "local"
     sandbox_root: Path = _HOME / "sandboxes"
@@ -44,14 +48,12 @@ class Settings(BaseSettings):
     # Seconds before an unreported reservation is released by the reaper.
     capacity_reservation_ttl_s: float = 120.0
 
-    # Attempt lease: renewed by the watcher; the reaper recovers expired ones.
-    lease_seconds: float = Field(default=60.0, gt=0)
-    # Runner wall-clock limit per run, and how long after it we call the runner lost.
+    # Attempt lease while acquiring (renewed at each step); the reaper recovers expired
+    # ones, so a worker killed before launch costs about this long. After launch the
+    # runner's heartbeats hold the lease (heartbeat_timeout_s).
+    lease_seconds: float = Field(default=20.0, gt=0)
+    # Runner wall-clock limit per run.
     run_timeout_s: float = Field(default=600.0, gt=0)
-    heartbeat_grace_s: float = Field(default=30.0, gt=0)
-    # How long a watch task polls in place before handing off to a countdown.
-    watch_inline_s: float = Field(default=2.0, ge=0)
-    watch_interval_s: float = Field(default=1.0, gt=0)
     sandbox_memory_mb: int = Field(default=1024, gt=0)
     sandbox_max_file_mb: int = Field(default=64, gt=0)
 
@@ -81,7 +83,7 @@ class Settings(BaseSettings):
 
     # Maintenance cadence for `celery beat`.
     sweep_interval_s: float = Field(default=5.0, gt=0)
-    reap_interval_s: float = Field(default=10.0, gt=0)
+    reap_interval_s: float = Field(default=5.0, gt=0)
     gc_interval_s: float = Field(default=60.0, gt=0)
     gc_grace_s: float = Field(default=60.0, ge=0)
     outbox_resend_after_s: float = Field(default=10.0, ge=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,16 @@ TEST_REDIS_URL = f"{REDIS_BASE}/{REDIS_DB}"
 PG_NAME = f"playrun_test_{os.getpid()}_{secrets.token_hex(3)}"
 TEST_PG_URL = f"{PG_BASE}/{PG_NAME}"
 SANDBOX_ROOT = Path(tempfile.mkdtemp(prefix="playrun-test-sb-"))
+GATEWAY_DIR = Path(tempfile.mkdtemp(prefix="playrun-test-gw-"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+GATEWAY_PORT = free_port()
 
 BASE_ENV = {
     "PLAYRUN_REDIS_URL": TEST_REDIS_URL,
@@ -68,6 +79,10 @@ BASE_ENV = {
     "PLAYRUN_LEASE_SECONDS": "20",
     "PLAYRUN_RUN_TIMEOUT_S": "60",
     "PLAYRUN_GC_GRACE_S": "0",
+    "PLAYRUN_GATEWAY_URL": f"http://127.0.0.1:{GATEWAY_PORT}",
+    "PLAYRUN_GATEWAY_SOCKET": str(GATEWAY_DIR / "sock" / "gateway.sock"),
+    "PLAYRUN_HEARTBEAT_INTERVAL_S": "1",
+    "PLAYRUN_HEARTBEAT_TIMEOUT_S": "4",
 }
 os.environ.update(BASE_ENV)
 
@@ -104,6 +119,7 @@ def _session_cleanup() -> Iterator[None]:
     client.flushdb()
     client.close()
     shutil.rmtree(SANDBOX_ROOT, ignore_errors=True)
+    shutil.rmtree(GATEWAY_DIR, ignore_errors=True)
 
 
 @pytest.fixture
@@ -181,8 +197,63 @@ class Worker:
         self.log.close()
 
 
+class Gateway:
+    """A real `playrun gateway` subprocess (TCP and Unix socket)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.url = env["PLAYRUN_GATEWAY_URL"]
+        self.log_path = Path(tempfile.mktemp(prefix="playrun-gateway-", suffix=".log"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "gateway"],
+                                     env=self.env, cwd=str(ROOT), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self.output()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200 and \
+                        b"ready" in self.log_path.read_bytes():
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"gateway not ready: {self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = 15) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def gateway(pg_url: str) -> Iterator[Gateway]:
+    g = Gateway(worker_env())
+    yield g
+    g.stop()
+
+
 @pytest.fixture(scope="module")
-def worker(pg_url: str) -> Iterator[Worker]:
+def worker(pg_url: str, gateway: Gateway) -> Iterator[Worker]:
     w = Worker(worker_env())
     w.wait_ready()
     yield w

@@ -6,9 +6,10 @@ duplicate deliveries exactly one opens the attempt; the rest see it and stop.
 
 from __future__ import annotations
 
+import enum
 import secrets
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -24,7 +25,16 @@ from tasks.constants import (
 )
 from tasks.fence import Fence, lock_run
 
-Skip = Literal["not_found", "locked", "terminal", "active", "not_due", "cancel"]
+
+class Skip(enum.StrEnum):
+    """Why a claim opened nothing."""
+
+    NOT_FOUND = "not_found"
+    LOCKED = "locked"  # another worker holds the run row right now
+    TERMINAL = "terminal"
+    ACTIVE = "active"  # an attempt is live: a duplicate delivery
+    NOT_DUE = "not_due"  # deferred until later by the database clock
+    CANCEL = "cancel"
 
 
 @dataclass(frozen=True)
@@ -46,16 +56,16 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
     run = lock_run(session, run_id, skip_locked=True)
     if run is None:
         exists = session.scalar(sa.select(sa.func.count()).where(Run.id == run_id))
-        return Skipped("locked" if exists else "not_found")
+        return Skipped(Skip.LOCKED if exists else Skip.NOT_FOUND)
     if run.status in TERMINAL_STATUSES:
-        return Skipped("terminal")
+        return Skipped(Skip.TERMINAL)
     if run.cancel_requested_at is not None:
-        return Skipped("cancel")
+        return Skipped(Skip.CANCEL)
     due = session.scalar(sa.select(
         sa.or_(Run.deferred_until.is_(None), Run.deferred_until <= db_now())
     ).where(Run.id == run_id))
     if not due:
-        return Skipped("not_due")
+        return Skipped(Skip.NOT_DUE)
     current = session.scalars(
         sa.select(Attempt).where(
             Attempt.run_id == run_id, Attempt.generation == run.current_generation
@@ -63,7 +73,7 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
     ).first()
     token = secrets.token_hex(16)
     if current is not None and current.state == ATTEMPT_ACTIVE:
-        return Skipped("active")
+        return Skipped(Skip.ACTIVE)
     resumed = current is not None and current.state == ATTEMPT_DEFERRED
     if resumed:
         assert current is not None

@@ -26,11 +26,13 @@ from tasks.constants import (
     QUEUE,
     QUEUED,
     START_DEFERRAL_EXHAUSTED,
+    TASK_START_ATTEMPT,
 )
 from tasks.db import session_scope
 from tasks.fence import Fence, hold
 from tasks.notify import run_settled
 from tasks.release.attempt import release_attempt
+from tasks.release.sandboxes import release_sandboxes
 from tasks.settings import Settings
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import write_terminal
@@ -51,10 +53,8 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
     A cancel that arrived during acquisition wins over waiting for another try.
     """
     if _cancel_requested(fence.run_id):
-        from tasks.execution.watch import finish
-
-        finish(fence, CANCELLED_OUTCOME, "cancelled")  # deletes any sandbox first
-        return "cancelled"
+        # The sandbox goes before the final `cancelled` write below (SPEC 4.10).
+        release_sandboxes(fence.run_id, fence.generation, fence.lease_token)
     outbox_id, delay = None, 0
     with session_scope() as session:
         run, attempt = hold(session, fence)
@@ -116,8 +116,6 @@ def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cau
 
 def _publish_with_countdown(app: Any, outbox_id: str, run_id: str, countdown: float) -> None:
     """Short waits ride a Celery countdown; if the broker is down the sweep publishes later."""
-    from tasks.constants import TASK_START_ATTEMPT
-
     try:
         app.send_task(TASK_START_ATTEMPT, args=[run_id], task_id=outbox_id, queue=QUEUE,
                       countdown=countdown)

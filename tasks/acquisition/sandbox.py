@@ -28,19 +28,21 @@ from tasks.constants import (
     PLAY_FILE,
     RESOURCE_CLEANUP,
     RESOURCE_LIVE,
+    RUNNER_CLIENT_FILE,
     RUNNER_FILE,
 )
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
 from tasks.fence import Fence, hold, renew
+from tasks.runtime import host_queue
 from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec
 from tasks.settings import Settings, get_settings
 
 log = logging.getLogger("playrun.acquisition")
 
 
-def runner_source() -> bytes:
-    return resources.files("tasks.execution").joinpath("runner.py").read_bytes()
+def runner_source(name: str = "runner.py") -> bytes:
+    return resources.files("tasks.execution").joinpath(name).read_bytes()
 
 
 def labels_for(claimed: Claimed, lease_id: str | None) -> dict[str, str]:
@@ -62,6 +64,7 @@ def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> Sand
             PLAY_FILE: claimed.play_source.encode(),
             INPUT_FILE: json.dumps(claimed.input).encode(),
             RUNNER_FILE: runner_source(),
+            RUNNER_CLIENT_FILE: runner_source("runner_client.py"),
         },
         memory_mb=settings.sandbox_memory_mb,
         max_file_mb=settings.sandbox_max_file_mb,
@@ -105,7 +108,8 @@ def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
             ))
             session.execute(sa.update(Attempt).where(
                 Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
-            ).values(provider=ref.provider, sandbox_id=ref.sandbox_id))
+            ).values(provider=ref.provider, sandbox_id=ref.sandbox_id,
+                     host_queue=host_queue(ref.provider)))
             if promote is not None:
                 promote(session, ref)
             ledger.append(session, fence.run_id, EV_SANDBOX_LIVE,

@@ -1,49 +1,103 @@
-"""Launch the runner detached, after recording the suspension under the fence.
+"""Launch the runner detached, after recording the launch under the fence.
 
 The launch is recorded *before* exec: if the worker dies in between, the reaper
-treats the attempt as launched and watches or inspects it, never retries it, so a
-play can never run twice. At worst a runner that never started is reported lost.
+treats the attempt as launched and inspects it, never retries it, so a play can
+never run twice. At worst a runner that never started is reported lost.
+
+From here the runner is on its own: it heartbeats and pushes through the gateway
+with the tokens minted here, and the worker slot is free at once.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import enum
+import secrets
+from dataclasses import dataclass
 
 from models import db_now
 from tasks.constants import RUNNER_FILE
 from tasks.db import session_scope
-from tasks.fence import Fence, hold, renew
-from tasks.sandbox import SandboxProvider
+from tasks.fence import Fence, hold
+from tasks.gateway import tokens
+from tasks.sandbox import ProviderError, SandboxProvider
 from tasks.settings import Settings
 
 # The supervisor's hard kill comes this long after the runner's own timeout fires.
 HARD_KILL_GRACE_S = 5.0
+# A new runner's first lease covers its start-up as well as one heartbeat timeout.
+STARTUP_GRACE_S = 10.0
+# Tokens outlive the run's time limit by the runner's final flush and push (runner.py).
+TOKEN_MARGIN_S = 120.0
 
 
-def mark_launching(fence: Fence, settings: Settings) -> Literal["go", "cancelled"]:
-    """Fenced: record the launch and its deadline, unless a cancel arrived first."""
+class Launch(enum.Enum):
+    LAUNCHED = "launched"
+    CANCELLED = "cancelled"  # a cancel arrived before exec: nothing ran
+    VANISHED = "vanished"  # the sandbox was gone before exec: nothing ran, retry is safe
+    AMBIGUOUS = "ambiguous"  # exec's answer was lost: the runner may be running
+    FAILED = "failed"  # the provider refused the exec
+
+
+@dataclass(frozen=True)
+class Launched:
+    step: Launch
+    launch_id: str | None = None
+    error: str = ""
+
+
+def mark_launching(fence: Fence, settings: Settings) -> str | None:
+    """Fenced: record the launch, its deadline and its first lease; None if cancelled."""
+    launch_id = secrets.token_hex(16)
     with session_scope() as session:
         run, attempt = hold(session, fence)
         if run.cancel_requested_at is not None:
-            return "cancelled"
+            return None
+        attempt.launch_id = launch_id
         attempt.runner_started_at = db_now()
         # Past this the runner is lost whatever the sandbox says.
         attempt.runner_deadline = db_now(
-            settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_grace_s
-        )
-        renew(session, fence, settings.lease_seconds)
-    return "go"
+            settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_timeout_s)
+        attempt.lease_expires_at = db_now(settings.heartbeat_timeout_s + STARTUP_GRACE_S)
+    return launch_id
+
+
+def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings) -> dict[str, str]:
+    """What the runner is told: its scope, its tokens and where the gateway is; never a
+    database or Redis URL."""
+    ttl = settings.run_timeout_s + settings.heartbeat_timeout_s + TOKEN_MARGIN_S
+
+    def mint(capabilities: tuple[str, ...]) -> str:
+        return tokens.mint(org_id=org_id, run_id=fence.run_id, generation=fence.generation,
+                           launch_id=launch_id, capabilities=capabilities, ttl_s=ttl,
+                           secret=settings.secret_key)
+
+    return {
+        "PLAYRUN_RUN_ID": fence.run_id,
+        "PLAYRUN_GENERATION": str(fence.generation),
+        "PLAYRUN_ORG_ID": org_id,
+        "PLAYRUN_LAUNCH_ID": launch_id,
+        "PLAYRUN_GATEWAY_URL": settings.gateway_url,
+        "PLAYRUN_GATEWAY_SOCKET": str(settings.gateway_socket),
+        "PLAYRUN_HEARTBEAT_S": f"{settings.heartbeat_interval_s:g}",
+        "PLAYRUN_TOKEN": mint(tokens.RUNNER_CAPABILITIES),
+        "PLAYRUN_PROJECTION_TOKEN": mint(tokens.PROJECTION_CAPABILITIES),
+    }
 
 
 def launch(fence: Fence, provider: SandboxProvider, sandbox_id: str, org_id: str,
-           settings: Settings) -> None:
-    provider.exec_detached(
-        sandbox_id,
-        ["{python}", RUNNER_FILE, "--timeout", f"{settings.run_timeout_s:g}"],
-        env={
-            "PLAYRUN_RUN_ID": fence.run_id,
-            "PLAYRUN_GENERATION": str(fence.generation),
-            "PLAYRUN_ORG_ID": org_id,
-        },
-        timeout_s=settings.run_timeout_s + HARD_KILL_GRACE_S,
-    )
+           settings: Settings) -> Launched:
+    launch_id = mark_launching(fence, settings)
+    if launch_id is None:
+        return Launched(Launch.CANCELLED)
+    try:
+        provider.exec_detached(
+            sandbox_id,
+            ["{python}", RUNNER_FILE, "--timeout", f"{settings.run_timeout_s:g}"],
+            env=runner_env(fence, org_id, launch_id, settings),
+            timeout_s=settings.run_timeout_s + HARD_KILL_GRACE_S,
+        )
+    except ProviderError as exc:
+        step = {"transport": Launch.AMBIGUOUS, "not_found": Launch.VANISHED}.get(
+            exc.kind, Launch.FAILED)
+        return Launched(step, launch_id, str(exc)[:500])
+    return Launched(Launch.LAUNCHED, launch_id)

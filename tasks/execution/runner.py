@@ -36,6 +36,10 @@ TRACEBACK_FRAMES = 12
 # If the play swallows the timeout (or ignores SIGALRM) the watchdog thread settles the run
 # this long after the deadline; the supervisor's hard kill is the last resort.
 WATCHDOG_GRACE_S = 2.0
+# After the result file: progress gets this long to drain, the terminal push this long.
+FLUSH_S = 15.0
+PUSH_S = 60.0
+STOPPED_EXIT = 3
 
 PLAY_INVALID = "PLAY_INVALID"
 PLAY_ERROR = "PLAY_ERROR"
@@ -108,7 +112,8 @@ def _jsonable(value: Any) -> Any:
 class Context:
     """The `ctx` a play receives."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, uplink: Any = None) -> None:
+        self._uplink = uplink
         self.run_id: str | None = os.environ.get("PLAYRUN_RUN_ID")
         generation = os.environ.get("PLAYRUN_GENERATION")
         self.generation: int | None = (
@@ -126,13 +131,11 @@ class Context:
         text = str(message)
         clean = {str(k): _jsonable(v) for k, v in fields.items()}
         with self._lock:
-            if self._dropped or self._events.closed:  # closed: a thread logging after the end
-                self._dropped += 1
+            if self._events.closed:  # a thread the play left logging after the end
                 return
             self._seq += 1
             event: dict[str, Any] = {
                 "seq": self._seq,
-                "kind": "progress",
                 "message": text,
                 "fields": clean,
                 "t": time.time(),
@@ -147,6 +150,11 @@ class Context:
                     event["message"] = text[:budget]
                     line = _encode(json.dumps(event, ensure_ascii=False)) + b"\n"
                     budget //= 2
+            if self._uplink is not None:
+                self._uplink.add({k: event[k] for k in ("seq", "message", "fields", "t")})
+            if self._dropped:
+                self._dropped += 1
+                return
             if self._bytes + len(line) > MAX_EVENTS_FILE_BYTES:
                 self._dropped = 1
                 note = {
@@ -177,6 +185,8 @@ class Runner:
         self._done = threading.Event()
         self.stdout: BoundedWriter | None = None
         self.ctx: Context | None = None
+        self.payload: bytes | None = None
+        self.uplink: Any = None
 
     # --- the one terminal write ---------------------------------------------------------
 
@@ -187,6 +197,7 @@ class Runner:
                 # Settled already, or a child the play forked came back here: not its result.
                 return True
             self._settled = True
+            self.payload = payload
             path = self.dir / RESULT_FILE
             tmp = self.dir / f".{RESULT_FILE}.tmp"
             try:
@@ -238,6 +249,10 @@ class Runner:
         # The play ignored or swallowed the timeout: settle and end the process from here.
         self.fail(RUN_TIMEOUT, self._timeout_message())
         self._flush_all()
+        try:
+            self._push()
+        except Exception as exc:  # noqa: BLE001 - the result file is there to inspect
+            print(f"runner: push failed: {exc}", file=sys.__stderr__)
         os._exit(0)
 
     def _flush_all(self) -> None:
@@ -300,7 +315,7 @@ class Runner:
         if problem is not None:
             return self.fail(INPUT_INVALID, problem)
 
-        self.ctx = Context(self.dir)
+        self.ctx = Context(self.dir, self.uplink)
         module = types.ModuleType("play")
         module.__file__ = str(self.dir / PLAY_FILE)
         sys.modules["play"] = module
@@ -337,15 +352,43 @@ class Runner:
             )
         return self.settle(b'{"status": "succeeded", "output": ' + data + b"}")
 
+    def _stop(self, why: str) -> None:
+        """Cancelled, or no longer the attempt's owner: nothing more it does counts."""
+        print(f"runner: stopping: {why}", file=sys.__stderr__, flush=True)
+        self._flush_all()
+        os._exit(STOPPED_EXIT)
+
+    def _push(self) -> None:
+        """Result file first (already written), then progress, then the terminal."""
+        if self.uplink is None or self.payload is None:
+            return
+        self.uplink.flush(time.monotonic() + FLUSH_S)
+        if not self.uplink.complete(json.loads(self.payload), time.monotonic() + PUSH_S):
+            print("runner: the gateway never took the result; it stays in result.json",
+                  file=sys.__stderr__)
+        self.uplink.stop()
+
     def main(self) -> int:
         self.stdout = BoundedWriter(self.dir / STDOUT_FILE)
         sys.stdout = sys.stderr = self.stdout
+        try:
+            import playrun_client  # beside runner.py in the sandbox
+
+            self.uplink = playrun_client.Uplink.from_env(self._stop)
+        except ImportError:
+            self.uplink = None
+        if self.uplink is not None:
+            self.uplink.start()
         try:
             ok = self.run()
         except BaseException as exc:  # noqa: BLE001 - the runner itself broke: still settle
             ok = self.fail(PLAY_ERROR, f"runner error: {self._describe(exc)}")
         self._done.set()
         self._flush_all()
+        try:
+            self._push()
+        except Exception as exc:  # noqa: BLE001 - the result file is there to inspect
+            print(f"runner: push failed: {exc}", file=sys.__stderr__)
         if self.ctx is not None:
             try:
                 self.ctx.close()

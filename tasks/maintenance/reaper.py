@@ -17,18 +17,27 @@ import sqlalchemy as sa
 from models import Attempt, CapacityLease, Run, RuntimeResource, db_now
 from tasks import ledger
 from tasks.acquisition.capacity import HELD, RELEASED, RESERVED
+from tasks.acquisition.deferral import defer
+from tasks.app import send
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     EV_CAPACITY_RELEASED,
+    QUEUE,
     RESOURCE_DELETED,
-    TASK_WATCH_ATTEMPT,
+    RUNTIME_RUNNER_LOST,
+    TASK_CANCEL_ATTEMPT,
+    TASK_INSPECT_ATTEMPT,
+    TASK_RELEASE_ATTEMPT,
     TERMINAL_STATUSES,
 )
 from tasks.db import session_scope
 from tasks.fence import Fence, lock_run
 from tasks.maintenance.trouble import note_failure
 from tasks.release.attempt import release_attempt
+from tasks.runtime import host_queue
 from tasks.settings import Settings
+from tasks.settlement.outcome import Outcome
+from tasks.settlement.terminal import settle_forced
 
 log = logging.getLogger("playrun.reaper")
 
@@ -76,7 +85,8 @@ def expire_reservations() -> int:
 class Adopted:
     fence: Fence
     launched: bool
-    overdue: bool  # far past the runner's deadline: watching has not been able to settle it
+    overdue: bool  # far past the runner's deadline: no inspection has been able to settle it
+    host_queue: str | None
 
 
 def _adopt(run_id: str, settings: Settings) -> Adopted | None:
@@ -95,35 +105,55 @@ def _adopt(run_id: str, settings: Settings) -> Adopted | None:
             Attempt.runner_deadline < db_now(-2 * settings.lease_seconds)
         ).where(Attempt.id == attempt.id)))
         attempt.lease_token = new
-        attempt.lease_expires_at = db_now(settings.lease_seconds)
+        # A launched runner gets one heartbeat timeout for its inspection to conclude.
+        attempt.lease_expires_at = db_now(settings.heartbeat_timeout_s
+                                          if attempt.runner_started_at is not None
+                                          else settings.lease_seconds)
         attempt.worker_id = "reaper"
         for model in (RuntimeResource, CapacityLease):
             session.execute(sa.update(model).where(
                 model.run_id == run_id, model.generation == attempt.generation,
                 model.holder_token == old).values(holder_token=new))
         return Adopted(Fence(run_id, attempt.generation, new),
-                       attempt.runner_started_at is not None, overdue)
+                       attempt.runner_started_at is not None, overdue, attempt.host_queue)
 
 
 def _recover(adopted: Adopted, settings: Settings, app: Any, report: ReapReport) -> None:
-    from tasks.acquisition.deferral import defer
-    from tasks.execution.watch import finish, inspect
-    from tasks.runtime import provider
-
     fence = adopted.fence
+    queue = adopted.host_queue or QUEUE
     if not adopted.launched:
         # Nothing of the customer's ran: deferring (and so retrying) is safe.
         defer(fence, "worker_lost", settings, app,
               detail="the worker starting this attempt stopped before the runner launched")
         report.adopted_precode.append(fence.run_id)
     elif adopted.overdue:
-        # A backstop for a runner nobody can watch (its sandbox unreadable, say).
-        finish(fence, inspect(provider(), fence), "runner_lost")
+        # A backstop for a runner nobody can inspect (its host gone, say): the host's
+        # queue deletes the sandbox when it is back.
+        settled = settle_forced(fence.run_id, Outcome.failed(
+            RUNTIME_RUNNER_LOST, "the runner passed its deadline and its sandbox could not "
+            "be inspected"), "runner_lost")
+        if settled.won:
+            send(TASK_RELEASE_ATTEMPT, [fence.run_id, fence.generation, fence.lease_token],
+                 queue)
         report.settled_overdue.append(fence.run_id)
     else:
-        app.send_task(TASK_WATCH_ATTEMPT, args=[fence.run_id, fence.generation,
-                                                fence.lease_token])
+        # Its heartbeats stopped: the host that holds the sandbox inspects it.
+        send(TASK_INSPECT_ATTEMPT, [fence.run_id, fence.generation, fence.lease_token], queue)
         report.adopted_watch.append(fence.run_id)
+
+
+def resend_cancels(settings: Settings) -> int:
+    """A cancel whose task was lost (a broker restart) is sent again to the sandbox's host."""
+    with session_scope(readonly=True) as session:
+        rows = session.execute(
+            sa.select(Attempt.run_id, Attempt.host_queue).join(Run, Run.id == Attempt.run_id)
+            .where(Attempt.state == ATTEMPT_ACTIVE, Attempt.generation == Run.current_generation,
+                   Attempt.runner_started_at.is_not(None),
+                   Run.cancel_requested_at < db_now(-settings.heartbeat_timeout_s))
+            .limit(200)).all()
+    for run_id, queue in rows:
+        send(TASK_CANCEL_ATTEMPT, [run_id], queue or QUEUE)
+    return len(rows)
 
 
 def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
@@ -156,8 +186,19 @@ def retry_releases(report: ReapReport) -> None:
                     held, sa.tuple_(model.run_id, model.generation, holder).not_in(current))
             ).all():
                 found.add((run_id, generation, token))
+    here = host_queue()
+    with session_scope(readonly=True) as session:
+        hosts = {(r, g): q for r, g, q in session.execute(
+            sa.select(Attempt.run_id, Attempt.generation, Attempt.host_queue)
+            .where(Attempt.host_queue.is_not(None),
+                   Attempt.run_id.in_({run_id for run_id, _, _ in found}))).all()} \
+            if found else {}
     for run_id, generation, token in found:
-        release_attempt(run_id, generation, token)
+        queue = hosts.get((run_id, generation))
+        if queue is not None and queue != here:
+            send(TASK_RELEASE_ATTEMPT, [run_id, generation, token], queue)  # its host deletes
+        else:
+            release_attempt(run_id, generation, token)
         report.releases_retried += 1
 
 
@@ -165,5 +206,6 @@ def reap(settings: Settings, app: Any) -> ReapReport:
     report = ReapReport()
     report.reservations_expired = expire_reservations()
     recover_expired(settings, app, report)
+    resend_cancels(settings)
     retry_releases(report)
     return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -12,13 +13,14 @@ from tasks import ledger
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     ATTEMPT_ENDED,
+    EV_PROGRESS_DROPPED,
     OUTPUT_INVALID,
     SUCCEEDED,
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
 )
 from tasks.db import session_scope
-from tasks.fence import Fence, hold, lock_run
+from tasks.fence import Fence, LaunchFence, hold, hold_launch, lock_run
 from tasks.notify import run_settled
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 
@@ -27,6 +29,9 @@ from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 class Settled:
     won: bool
     outcome: Outcome
+    # Who holds what the attempt left (for the release that follows), when known.
+    holder_token: str | None = None
+    host_queue: str | None = None
 
 
 def _current(run: Run) -> Outcome:
@@ -50,6 +55,7 @@ def write_terminal(session: Session, run: Run, outcome: Outcome, generation: int
 _REFUSED = (sa.exc.DataError, sa.exc.IntegrityError, sa.exc.ProgrammingError,
             sa.exc.StatementError)
 _TRANSIENT = (sa.exc.OperationalError, sa.exc.InterfaceError)
+CANCEL_REASON = "cancelled"
 
 
 def unstorable(outcome: Outcome, exc: Exception) -> Outcome:
@@ -59,37 +65,69 @@ def unstorable(outcome: Outcome, exc: Exception) -> Outcome:
                           f"the play's {outcome.status} result could not be stored: {reason}")
 
 
-def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
-    """Settle the run for this attempt. Raises FenceLostError if the attempt is not current
-    and the run is not terminal; if a terminal already won, reports it (won=False).
-
-    An outcome the database refuses is settled as OUTPUT_INVALID instead, so a hostile
-    document can never leave a run unsettleable.
-    """
+def _storing(write: Callable[[Outcome], Settled], outcome: Outcome) -> Settled:
+    """An outcome the database refuses is settled as OUTPUT_INVALID instead, so a hostile
+    document can never leave a run unsettleable."""
     try:
-        return _settle(fence, outcome, reason)
+        return write(outcome)
     except _REFUSED as exc:
         if isinstance(exc, _TRANSIENT) or (outcome.output is None
                                             and outcome.status != SUCCEEDED):
             raise
-        return _settle(fence, unstorable(outcome, exc), reason)
+        return write(unstorable(outcome, exc))
 
 
-def _settle(fence: Fence, outcome: Outcome, reason: str) -> Settled:
-    with session_scope() as session:
-        run = lock_run(session, fence.run_id)
-        if run is not None and run.status in TERMINAL_STATUSES:
-            return Settled(False, _current(run))
-        run, attempt = hold(session, fence)
-        if run.cancel_requested_at is not None:
-            # A cancel recorded before any terminal won decides the outcome (SPEC 4.10).
-            outcome, reason = CANCELLED_OUTCOME, "cancelled"
-        attempt.state = ATTEMPT_ENDED
-        attempt.end_reason = reason
-        attempt.ended_at = db_now()
-        write_terminal(session, run, outcome, fence.generation)
-    run_settled(fence.run_id, outcome.status)
-    return Settled(True, outcome)
+def _end(session: Session, run: Run, attempt: Attempt, outcome: Outcome, reason: str) -> Settled:
+    attempt.state = ATTEMPT_ENDED
+    attempt.end_reason = reason
+    attempt.ended_at = db_now()
+    if attempt.progress_dropped:
+        ledger.append(session, run.id, EV_PROGRESS_DROPPED,
+                      {"dropped": attempt.progress_dropped, "kept": attempt.progress_count},
+                      attempt.generation)
+    write_terminal(session, run, outcome, attempt.generation)
+    return Settled(True, outcome, attempt.lease_token, attempt.host_queue)
+
+
+def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
+    """Settle the run for this attempt holder. Raises FenceLostError if the attempt is not
+    current and the run is not terminal; if a terminal already won, reports it (won=False)."""
+
+    def write(chosen: Outcome) -> Settled:
+        with session_scope() as session:
+            run = lock_run(session, fence.run_id)
+            if run is not None and run.status in TERMINAL_STATUSES:
+                return Settled(False, _current(run))
+            run, attempt = hold(session, fence)
+            if run.cancel_requested_at is not None:
+                # A cancel recorded before any terminal won decides the outcome (SPEC 4.10).
+                return _end(session, run, attempt, CANCELLED_OUTCOME, CANCEL_REASON)
+            return _end(session, run, attempt, chosen, reason)
+
+    settled = _storing(write, outcome)
+    if settled.won:
+        run_settled(fence.run_id, settled.outcome.status)
+    return settled
+
+
+def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
+    """A terminal pushed by the runner. With a cancel requested nothing is written here:
+    the cancel deletes the sandbox first and then writes `cancelled` (SPEC 4.10)."""
+
+    def write(chosen: Outcome) -> Settled:
+        with session_scope() as session:
+            run = lock_run(session, fence.run_id)
+            if run is not None and run.status in TERMINAL_STATUSES:
+                return Settled(False, _current(run))
+            run, attempt = hold_launch(session, fence)
+            if run.cancel_requested_at is not None:
+                return Settled(False, CANCELLED_OUTCOME)
+            return _end(session, run, attempt, chosen, "pushed")
+
+    settled = _storing(write, outcome)
+    if settled.won:
+        run_settled(fence.run_id, settled.outcome.status)
+    return settled
 
 
 def settle_unattended(run_id: str, outcome: Outcome) -> Settled:

@@ -1,0 +1,234 @@
+"""The runner's line to the gateway: heartbeats, progress delivery, the terminal push.
+
+Standard library only; copied into each sandbox as playrun_client.py beside runner.py.
+It speaks HTTP over the gateway's Unix socket when the sandbox has one (strict
+sandboxes have no network), else over TCP. Nothing here decides an outcome: the
+result file is written first, so a gateway that never answers loses nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+PATH = "/v1/runtime"
+REQUEST_TIMEOUT_S = 10.0
+BATCH = 200
+# Events held in memory while the gateway is away; beyond this they are counted, not kept.
+BUFFER_LIMIT = 20_000
+DELIVER_EVERY_S = 0.2
+# Answers that mean this runner no longer owns its attempt: it must stop.
+STOP_CODES = frozenset({"FENCE_LOST", "GATEWAY_TOKEN_EXPIRED", "GATEWAY_TOKEN_INVALID",
+                        "GATEWAY_CAPABILITY_DENIED"})
+
+
+class Refused(Exception):
+    """The gateway answered with a refusal (a JSON code)."""
+
+    def __init__(self, status: int, code: str, error: str) -> None:
+        super().__init__(f"{code}: {error}")
+        self.status, self.code, self.error = status, code, error
+
+
+class Unavailable(Exception):
+    """The gateway could not be reached, or answered that it cannot serve now."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+class Gateway:
+    def __init__(self, url: str, socket_path: str | None) -> None:
+        self.url = urlsplit(url)
+        self.socket_path = socket_path
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.socket_path and os.path.exists(self.socket_path):
+            return _UnixConnection(self.socket_path, REQUEST_TIMEOUT_S)
+        return http.client.HTTPConnection(self.url.hostname or "127.0.0.1",
+                                          self.url.port or 80, timeout=REQUEST_TIMEOUT_S)
+
+    def call(self, token: str, body: dict[str, Any]) -> Any:
+        data = json.dumps(body, allow_nan=False).encode()
+        conn = self._connection()
+        try:
+            conn.request("POST", PATH, body=data, headers={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            response = conn.getresponse()
+            raw = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise Unavailable(str(exc)) from None
+        finally:
+            conn.close()
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            raise Unavailable(f"HTTP {response.status} without JSON") from None
+        if response.status == 200 and isinstance(doc, dict):
+            return doc.get("result")
+        if response.status >= 500 or not isinstance(doc, dict):
+            raise Unavailable(f"HTTP {response.status}")
+        raise Refused(response.status, str(doc.get("code")), str(doc.get("error")))
+
+
+class Uplink:
+    """Heartbeat and progress threads of one runner, and its final push."""
+
+    def __init__(self, gateway: Gateway, token: str, projection_token: str, launch_id: str,
+                 interval_s: float, on_stop: Callable[[str], None]) -> None:
+        self.gateway = gateway
+        self.token = token
+        self.projection_token = projection_token
+        self.launch_id = launch_id
+        self.interval_s = max(interval_s, 0.2)
+        self.on_stop = on_stop
+        self._events: collections.deque[dict[str, Any]] = collections.deque()
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._done = threading.Event()
+        self._batch: dict[str, Any] | None = None
+        self._sending = threading.Lock()  # one delivery at a time: batches stay in order
+
+    @classmethod
+    def from_env(cls, on_stop: Callable[[str], None]) -> Uplink | None:
+        # Taken out of the environment before the play starts: it needs none of them.
+        env = {name: os.environ.pop(name, "") for name in (
+            "PLAYRUN_TOKEN", "PLAYRUN_PROJECTION_TOKEN", "PLAYRUN_GATEWAY_URL",
+            "PLAYRUN_GATEWAY_SOCKET", "PLAYRUN_LAUNCH_ID", "PLAYRUN_HEARTBEAT_S")}
+        token, projection = env["PLAYRUN_TOKEN"], env["PLAYRUN_PROJECTION_TOKEN"]
+        url = env["PLAYRUN_GATEWAY_URL"]
+        if not (token and projection and url):
+            return None  # run by hand or by an old launcher: the result file is the channel
+        gateway = Gateway(url, env["PLAYRUN_GATEWAY_SOCKET"] or None)
+        try:
+            interval = float(env["PLAYRUN_HEARTBEAT_S"] or 5)
+        except ValueError:
+            interval = 5.0
+        return cls(gateway, token, projection, env["PLAYRUN_LAUNCH_ID"] or "launch",
+                   interval, on_stop)
+
+    def start(self) -> None:
+        for target, name in ((self._beat, "playrun-heartbeat"),
+                             (self._deliver_loop, "playrun-progress")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    # --- heartbeats --------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        while not self._done.is_set():
+            try:
+                answer = self.gateway.call(self.token, {"action": "heartbeat"})
+                if isinstance(answer, dict) and answer.get("cancel"):
+                    self.on_stop("the run was cancelled")
+            except Refused as exc:
+                if exc.code in STOP_CODES:
+                    self.on_stop(f"the gateway refused this runner: {exc}")
+            except Unavailable:
+                pass  # the reaper judges silence; a short outage costs nothing
+            self._done.wait(self.interval_s)
+
+    # --- progress ------------------------------------------------------------------------
+
+    def add(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            if len(self._events) >= BUFFER_LIMIT:
+                self._dropped += 1
+                return
+            self._events.append(event)
+            if len(self._events) >= BATCH:
+                self._wake.set()
+
+    def _next_batch(self) -> dict[str, Any] | None:
+        with self._lock:
+            if self._batch is None and (self._events or self._dropped):
+                events = [self._events.popleft() for _ in range(min(BATCH, len(self._events)))]
+                first = events[0]["seq"] if events else "x"
+                last = events[-1]["seq"] if events else "x"
+                self._batch = {
+                    "action": "append_run_events",
+                    "idempotency_key": f"{self.launch_id}:{first}-{last}:{self._dropped}",
+                    "delivery_lease_owner": f"runner:{self.launch_id}",
+                    "events": events, "dropped": self._dropped,
+                }
+                self._dropped = 0
+            return self._batch
+
+    def _deliver_once(self) -> bool:
+        """Send the pending batch; True when nothing is left to send."""
+        with self._sending:
+            return self._send_pending()
+
+    def _send_pending(self) -> bool:
+        batch = self._next_batch()
+        if batch is None:
+            return True
+        try:
+            self.gateway.call(self.projection_token, batch)
+        except Refused as exc:
+            if exc.code in STOP_CODES:
+                self.on_stop(f"the gateway refused progress: {exc}")
+            # Any other refusal of this batch would repeat forever: give it up, counted.
+        with self._lock:
+            self._batch = None
+            return not self._events and not self._dropped
+
+    def _deliver_loop(self) -> None:
+        while not self._done.is_set():
+            self._wake.wait(DELIVER_EVERY_S)
+            self._wake.clear()
+            try:
+                while not self._deliver_once():
+                    pass
+            except Unavailable:
+                self._done.wait(1.0)
+
+    def flush(self, deadline: float) -> None:
+        pause = 0.1
+        while time.monotonic() < deadline:
+            try:
+                if self._deliver_once():
+                    return
+            except Unavailable:
+                time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+                pause = min(pause * 2, 2.0)
+
+    # --- the terminal --------------------------------------------------------------------
+
+    def complete(self, result: dict[str, Any], deadline: float) -> bool:
+        """Push the terminal, retrying with backoff until the deadline; True if answered."""
+        pause = 0.1
+        while True:
+            try:
+                self.gateway.call(self.token, {"action": "complete", "result": result})
+                return True
+            except Refused:
+                return True  # e.g. a terminal already won: nothing more to say
+            except Unavailable:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                time.sleep(min(pause * random.uniform(0.5, 1.5), left))
+                pause = min(pause * 2, 5.0)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._wake.set()

@@ -1,0 +1,17 @@
+"""The one table of gateway actions: each needs exactly one capability (SPEC 4.9)."""
+
+from __future__ import annotations
+
+from tasks.gateway.actions import complete, events, heartbeat
+from tasks.gateway.actions.base import Action, ActionRequest, Context
+from tasks.gateway.tokens import RUN_COMPLETE, RUN_HEARTBEAT, RUN_LEDGER_PROJECT
+
+ACTIONS: dict[str, Action] = {
+    a.name: a for a in (
+        Action("heartbeat", RUN_HEARTBEAT, heartbeat.Heartbeat, heartbeat.handle),
+        Action("append_run_events", RUN_LEDGER_PROJECT, events.AppendRunEvents, events.handle),
+        Action("complete", RUN_COMPLETE, complete.Complete, complete.handle),
+    )
+}
+
+__all__ = ["ACTIONS", "Action", "ActionRequest", "Context"]

@@ -1,0 +1,41 @@
+"""What every gateway action shares: its request model base and its context."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tasks.fence import LaunchFence
+from tasks.gateway.tokens import Grant
+from tasks.settings import Settings
+
+
+class ActionRequest(BaseModel):
+    """Unknown fields are refused, never ignored (SPEC 4.9)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Context:
+    settings: Settings
+    # Sends a Celery task by name to a queue (the gateway never deletes a sandbox itself).
+    send_task: Callable[[str, list[Any], str], None]
+
+
+def launch_of(grant: Grant) -> LaunchFence:
+    return LaunchFence(grant.run_id, grant.generation, grant.launch_id)
+
+
+Handler = Callable[[Grant, Any, Context], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    capability: str
+    model: type[ActionRequest]
+    handler: Handler

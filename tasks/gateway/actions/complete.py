@@ -1,0 +1,30 @@
+"""`complete`: the runner's terminal result, settled first-write-wins at once.
+
+The release (sandbox delete, capacity, receipts) is handed to a Celery task on the
+queue that reaches the sandbox; a request never deletes a sandbox itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from tasks.constants import QUEUE, TASK_RELEASE_ATTEMPT
+from tasks.gateway.actions.base import ActionRequest, Context, launch_of
+from tasks.gateway.tokens import Grant
+from tasks.settlement.outcome import from_document
+from tasks.settlement.terminal import settle_launch
+
+
+class Complete(ActionRequest):
+    action: Literal["complete"]
+    result: dict[str, Any]
+
+
+def handle(grant: Grant, request: Complete, ctx: Context) -> dict[str, Any]:
+    settled = settle_launch(launch_of(grant), from_document(request.result))
+    if settled.won:
+        ctx.send_task(TASK_RELEASE_ATTEMPT,
+                      [grant.run_id, grant.generation, settled.holder_token or ""],
+                      settled.host_queue or QUEUE)
+    outcome = settled.outcome
+    return {"won": settled.won, "status": outcome.status, "code": outcome.code}

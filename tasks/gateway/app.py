@@ -1,0 +1,157 @@
+"""The runtime API that sandboxes call back to: `POST /v1/runtime`, `GET /healthz`.
+
+A request carries a capability token and one action or a batch of them. Everything is
+checked before anything runs: body size, token, JSON (through the untrusted reader),
+each action's name, fields and capability. Refusals are JSON `{"code", "error"}`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tasks import untrusted
+from tasks.db import session_scope
+from tasks.errors import (
+    CapabilityDeniedError,
+    DocumentInvalidError,
+    FenceLostError,
+    GatewayBadRequestError,
+    GatewayBodyTooLargeError,
+    GatewayError,
+    GatewayUnknownActionError,
+    GatewayUnknownFieldError,
+    PlayrunError,
+)
+from tasks.gateway import tokens
+from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
+from tasks.settings import Settings
+
+log = logging.getLogger("playrun.gateway")
+
+MAX_BATCH = 50
+# Status codes for the errors of the one tree that are not gateway errors.
+_STATUS: dict[type[PlayrunError], int] = {FenceLostError: 409}
+
+
+def refusal(exc: PlayrunError) -> JSONResponse:
+    status = exc.status if isinstance(exc, GatewayError) else _STATUS.get(type(exc), 400)
+    return JSONResponse({"code": exc.code, "error": exc.message}, status_code=status)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise GatewayBodyTooLargeError(f"the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayBodyTooLargeError(f"the body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _validate(action: Action, item: dict[str, Any]) -> ActionRequest:
+    try:
+        return action.model.model_validate(item)
+    except ValidationError as exc:
+        errors = exc.errors()
+        extra = [".".join(str(p) for p in e["loc"]) for e in errors
+                 if e["type"] == "extra_forbidden"]
+        if extra:
+            raise GatewayUnknownFieldError(
+                f"{action.name}: unknown field(s) {', '.join(extra)[:300]}") from None
+        first = errors[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise GatewayBadRequestError(
+            f"{action.name}: {where}: {first['msg']}"[:500]) from None
+
+
+def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple[Action, Any]]:
+    """Every action of the request, resolved and allowed, or the first refusal."""
+    if not isinstance(doc, dict):
+        raise GatewayBadRequestError("the body must be a JSON object")
+    if "actions" in doc:
+        if set(doc) != {"actions"}:
+            raise GatewayUnknownFieldError("a batch carries only `actions`")
+        items = doc["actions"]
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+            raise GatewayBadRequestError(f"`actions` must list 1 to {MAX_BATCH} actions")
+    else:
+        items = [doc]
+    planned = []
+    for item in items:
+        name = item.get("action") if isinstance(item, dict) else None
+        if not isinstance(name, str):
+            raise GatewayBadRequestError("each action needs an `action` name")
+        action = ACTIONS.get(name)
+        if action is None or name in withdrawn:
+            raise GatewayUnknownActionError(f"unknown action {name[:100]!r}")
+        if action.capability not in grant.capabilities:
+            raise CapabilityDeniedError(f"{name} needs the {action.capability} capability")
+        planned.append((action, _validate(action, item)))
+    return planned
+
+
+def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], None]) -> Starlette:
+    ctx = Context(settings=settings, send_task=send_task)
+    withdrawn = frozenset(settings.gateway_withdrawn_actions)
+
+    async def runtime(request: Request) -> JSONResponse:
+        try:
+            body = await read_body(request, settings.gateway_max_body_bytes)
+            grant = tokens.verify(bearer(request), settings.secret_key)
+            try:
+                doc = untrusted.parse(body, max_bytes=settings.gateway_max_body_bytes)
+            except DocumentInvalidError as exc:
+                raise GatewayBadRequestError(f"the body is not usable: {exc.message}") from None
+            planned = plan(doc, grant, withdrawn)
+            results = []
+            for action, model in planned:
+                results.append(await run_in_threadpool(action.handler, grant, model, ctx))
+        except PlayrunError as exc:
+            return refusal(exc)
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            log.warning("database unavailable: %s", exc)
+            return JSONResponse({"code": "GATEWAY_UNAVAILABLE",
+                                 "error": "the database is unavailable; retry"},
+                                status_code=503)
+        except Exception:
+            log.exception("gateway action failed")
+            return JSONResponse({"code": "GATEWAY_INTERNAL", "error": "internal error"},
+                                status_code=500)
+        if "actions" in doc:
+            return JSONResponse({"ok": True, "results": results})
+        return JSONResponse({"ok": True, "result": results[0]})
+
+    async def healthz(_request: Request) -> JSONResponse:
+        def ping() -> None:
+            with session_scope(readonly=True) as session:
+                session.execute(sa.text("SELECT 1"))
+        try:
+            await run_in_threadpool(ping)
+        except sa.exc.SQLAlchemyError:
+            return JSONResponse({"ok": False, "database": "unavailable"}, status_code=503)
+        return JSONResponse({"ok": True})
+
+    return Starlette(routes=[
+        Route("/v1/runtime", runtime, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ])

@@ -1,0 +1,82 @@
+"""`playrun gateway`: the runtime API under uvicorn, on TCP and on a Unix socket.
+
+Strict sandboxes have no network; they reach the gateway only through the socket,
+whose directory is bound into each of them (so a restarted gateway's new socket is
+seen by running sandboxes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import uvicorn
+
+from tasks.app import send
+from tasks.db import require_current_schema
+from tasks.gateway.app import create_app
+from tasks.settings import Settings
+
+log = logging.getLogger("playrun.gateway")
+
+
+class _Server(uvicorn.Server):
+    """Two servers share one loop: signals are handled once, for both (see _serve)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def listen_address(settings: Settings) -> tuple[str, int]:
+    parts = urlsplit(settings.gateway_url)
+    return parts.hostname or "127.0.0.1", parts.port or 8765
+
+
+def prepare_socket(path: Path) -> None:
+    """The socket's directory holds only the socket; sandboxes (other uids) may connect."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o755)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+async def _serve(settings: Settings) -> None:
+    asgi = create_app(settings, send)
+    host, port = listen_address(settings)
+    socket_path = Path(settings.gateway_socket)
+    prepare_socket(socket_path)
+    common: dict[str, Any] = {"log_level": "warning", "access_log": False,
+                              "lifespan": "off", "timeout_graceful_shutdown": 5}
+    tcp = _Server(uvicorn.Config(asgi, host=host, port=port, **common))
+    uds = _Server(uvicorn.Config(asgi, uds=str(socket_path), **common))
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        tcp.should_exit = uds.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    log.info("gateway listening on http://%s:%s and %s", host, port, socket_path)
+
+    async def chmod_when_bound() -> None:
+        while not uds.started:
+            await asyncio.sleep(0.01)
+        os.chmod(socket_path, 0o666)
+        print(f"playrun gateway ready on http://{host}:{port} and unix:{socket_path}",
+              flush=True)
+
+    await asyncio.gather(tcp.serve(), uds.serve(), chmod_when_bound())
+
+
+def serve(settings: Settings) -> None:
+    settings.check_for_server()
+    require_current_schema()
+    asyncio.run(_serve(settings))

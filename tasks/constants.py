@@ -82,8 +82,6 @@ RUNNER_CLIENT_FILE: Final = "playrun_client.py"
 # Celery queue and task names.
 QUEUE: Final = "playrun"
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
-TASK_WATCH_ATTEMPT: Final = "playrun.watch_attempt"
-TASK_RELAY_OUTBOX: Final = "playrun.relay_outbox"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"
 TASK_SWEEP_DEFERRED: Final = "playrun.sweep_deferred"

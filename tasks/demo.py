@@ -20,7 +20,7 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
     home = Path(tempfile.mkdtemp(prefix="playrun-demo-"))
     stack = Stack(home)
     try:
-        with console.status("starting the embedded Redis, SQLite and a worker..."):
+        with console.status("starting the embedded Redis, SQLite, the gateway and a worker..."):
             stack.start_redis()
             os.environ.update(stack.env)
             from tasks.settings import reset_settings
@@ -29,6 +29,7 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
             from tasks import db
 
             db.upgrade()
+            stack.start_gateway()
             stack.start_celery("worker", "--concurrency=2")
             stack.start_celery("beat")
         import tasks

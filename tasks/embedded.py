@@ -45,6 +45,7 @@ class Stack:
         self.home = home
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.port = free_port()
+        self.gateway_port = free_port()
 
     @property
     def env(self) -> dict[str, str]:
@@ -52,6 +53,8 @@ class Stack:
             "PLAYRUN_DATABASE_URL": f"sqlite:///{self.home / 'playrun.db'}",
             "PLAYRUN_REDIS_URL": f"redis://127.0.0.1:{self.port}/0",
             "PLAYRUN_SANDBOX_ROOT": str(self.home / "sandboxes"),
+            "PLAYRUN_GATEWAY_URL": f"http://127.0.0.1:{self.gateway_port}",
+            "PLAYRUN_GATEWAY_SOCKET": str(self.home / "gateway" / "gateway.sock"),
         }
 
     def start_redis(self, timeout: float = 10.0) -> None:
@@ -74,13 +77,26 @@ class Stack:
                 time.sleep(0.05)
 
     def start_celery(self, role: str, *extra: str) -> None:
+        self._start(role, [sys.executable, "-m", "celery", "-A", "tasks", role,
+                           "--loglevel=INFO", *extra])
+
+    def start_gateway(self, timeout: float = 20.0) -> None:
+        log_path = self.home / "gateway.log"
+        proc = self._start("gateway", [sys.executable, "-m", "tasks.cli", "gateway"])
+        deadline = time.monotonic() + timeout
+        while b"ready" not in log_path.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ConfigurationError(f"the gateway did not start; see {log_path}")
+            time.sleep(0.05)
+
+    def _start(self, role: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.home / f"{role}.log", "wb")  # noqa: SIM115 - the child keeps it
         env = {**os.environ, **self.env}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tasks", role, "--loglevel=INFO", *extra],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            cwd=str(Path(__file__).resolve().parent.parent))
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                                cwd=str(Path(__file__).resolve().parent.parent))
         self.procs.append((role, proc))
+        return proc
 
     def stop(self) -> None:
         for _, proc in reversed(self.procs):

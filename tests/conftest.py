@@ -74,7 +74,7 @@ GATEWAY_PORT = free_port()
 BASE_ENV = {
     "PLAYRUN_REDIS_URL": TEST_REDIS_URL,
     "PLAYRUN_DATABASE_URL": TEST_PG_URL,
-    "PLAYRUN_SECRET_KEY": "test-secret-" + secrets.token_hex(8),
+    "PLAYRUN_SECRET_KEY": "test-secret-" + secrets.token_hex(16),
     "PLAYRUN_SANDBOX_ROOT": str(SANDBOX_ROOT),
     "PLAYRUN_LEASE_SECONDS": "20",
     "PLAYRUN_RUN_TIMEOUT_S": "60",
@@ -252,9 +252,17 @@ def gateway(pg_url: str) -> Iterator[Gateway]:
     g.stop()
 
 
+@pytest.fixture(autouse=True)
+def _gateway_with_the_database(request: pytest.FixtureRequest) -> None:
+    """Every test on the session database has the session gateway: runners push to it."""
+    if "pg_url" in request.fixturenames:
+        request.getfixturevalue("gateway")
+
+
 @pytest.fixture(scope="module")
 def worker(pg_url: str, gateway: Gateway) -> Iterator[Worker]:
-    w = Worker(worker_env())
+    # With beat: runners that go quiet are found by the reaper.
+    w = Worker(worker_env(PLAYRUN_REAP_INTERVAL_S="1"), beat=True)
     w.wait_ready()
     yield w
     w.stop()

@@ -103,7 +103,7 @@ def test_worker_refuses_the_development_secret_on_postgres(pg_url: str) -> None:
 
 
 def test_a_play_past_its_time_limit_fails_with_run_timeout(pg_url: str) -> None:
-    w = Worker(worker_env(PLAYRUN_RUN_TIMEOUT_S="2", PLAYRUN_WATCH_INLINE_S="1"))
+    w = Worker(worker_env(PLAYRUN_RUN_TIMEOUT_S="2"))
     try:
         w.wait_ready()
         handle = tasks.submit_run(PLAYS / "forever.py", input={}, org_id="timeouts")

@@ -38,15 +38,17 @@ def outcome_from_sandbox(provider: SandboxProvider, sandbox_id: str,
 
 def inspect(provider: SandboxProvider, sandbox_id: str | None, *,
             past_deadline: bool) -> Outcome | None:
-    """The lost-runner verdict. Past the run's deadline it is final whatever the sandbox
-    says; before it, a runner still running is left to run (None)."""
+    """The lost-runner verdict. A result file is final as soon as it exists (the runner
+    writes it before it pushes). Past the run's deadline the verdict is final whatever the
+    sandbox says; before it, a runner still running without a result is left (None)."""
     if sandbox_id is None:
         return Outcome.failed(RUNTIME_RUNNER_LOST, "the runner has no sandbox on record")
     try:
         status = poll(provider, sandbox_id)
-        if status.state == "running" and not past_deadline:
-            return None
         outcome = outcome_from_sandbox(provider, sandbox_id, status)
+        if status.state == "running" and not past_deadline \
+                and outcome.code == RUNTIME_RUNNER_LOST:
+            return None  # no result yet: still working, the gateway was unreachable
     except ProviderError as exc:
         if not past_deadline:
             raise

@@ -7,9 +7,11 @@ the database is created and migrated with Alembic on first use, dropped at the e
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,10 +39,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _dbs_in_use() -> set[int]:
+    """Dbs other clients are connected to (e.g. workers a killed session left running)."""
+    client = redis.Redis.from_url(f"{REDIS_BASE}/0")
+    try:
+        return {int(c.get("db", 0)) for c in client.client_list()}
+    finally:
+        client.close()
+
+
 def _claim_redis_db() -> int:
     """Take the first Redis db (1..11) no live test session holds; a db whose holder
-    died (a killed session) is flushed and taken over."""
+    died (a killed session) is flushed and taken over, unless something still uses it."""
+    busy = _dbs_in_use()
     for db in range(1, 12):  # 12-15 are left to bench/ scripts
+        if db in busy:
+            continue
         client = redis.Redis.from_url(f"{REDIS_BASE}/{db}")
         try:
             if client.set(SESSION_MARK, os.getpid(), nx=True, ex=6 * 3600):
@@ -83,6 +97,7 @@ BASE_ENV = {
     "PLAYRUN_GATEWAY_SOCKET": str(GATEWAY_DIR / "sock" / "gateway.sock"),
     "PLAYRUN_HEARTBEAT_INTERVAL_S": "1",
     "PLAYRUN_HEARTBEAT_TIMEOUT_S": "4",
+    "PLAYRUN_REAP_INTERVAL_S": "1",
 }
 os.environ.update(BASE_ENV)
 
@@ -146,6 +161,12 @@ def pg_url() -> Iterator[str]:
     _psql(f'DROP DATABASE IF EXISTS "{PG_NAME}" WITH (FORCE)')
 
 
+def die_with_parent() -> None:
+    """In the child: a worker or gateway whose test session was killed goes with it, so it
+    never consumes the next session's tasks."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def worker_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLAYRUN_")}
     env.update(BASE_ENV)
@@ -156,7 +177,8 @@ def worker_env(**overrides: str) -> dict[str, str]:
 class Worker:
     """A real `celery -A tasks worker` subprocess."""
 
-    def __init__(self, env: dict[str, str], *, concurrency: int = 2, beat: bool = False,
+    # With beat by default: quiet runners are found only by the reaper.
+    def __init__(self, env: dict[str, str], *, concurrency: int = 2, beat: bool = True,
                  log_path: Path | None = None) -> None:
         self.name = f"w{secrets.token_hex(4)}@test"
         self.log_path = log_path or Path(tempfile.mktemp(prefix="playrun-worker-", suffix=".log"))
@@ -167,7 +189,8 @@ class Worker:
             args.append("--beat")
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(args, env=env, cwd=str(ROOT), stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=die_with_parent)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -211,7 +234,8 @@ class Gateway:
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "gateway"],
                                      env=self.env, cwd=str(ROOT), stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=die_with_parent)
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -261,8 +285,7 @@ def _gateway_with_the_database(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="module")
 def worker(pg_url: str, gateway: Gateway) -> Iterator[Worker]:
-    # With beat: runners that go quiet are found by the reaper.
-    w = Worker(worker_env(PLAYRUN_REAP_INTERVAL_S="1"), beat=True)
+    w = Worker(worker_env())
     w.wait_ready()
     yield w
     w.stop()

@@ -19,10 +19,13 @@ from tasks.constants import RESULT_FILE
 from tasks.sandbox.base import (
     ERROR_KINDS,
     CapacityUnavailableError,
+    ProcessStatus,
+    SandboxNotFoundError,
     SandboxRef,
     SandboxSpec,
     error_for_kind,
 )
+from tasks.sandbox.fake_runners import EXIT_FILE, HOSTED_MARK, SPOOL_DIR
 from tasks.sandbox.local import LocalProvider
 
 SCRIPT_FILE = "fake-script.json"
@@ -42,6 +45,8 @@ def _initial_state() -> dict[str, Any]:
         "creates_rejected": {},
         "create_times": [],
         "runners_lost": 0,
+        # Runners run as coroutines of a fake runner host (fake_runners.py), not processes.
+        "hosted_runners": False,
     }
 
 
@@ -76,6 +81,7 @@ class FakeScript:
         latency_ms: int = 0,
         max_creates_per_s: float | None = None,
         lose_runner: int = 0,
+        hosted_runners: bool = False,
     ) -> None:
         """Replace the script (counters are kept; `reset` clears them too)."""
         unknown = [kind for kind in fail_creates if kind not in SCRIPTABLE_KINDS]
@@ -86,6 +92,7 @@ class FakeScript:
             state["latency_ms"] = int(latency_ms)
             state["max_creates_per_s"] = max_creates_per_s
             state["lose_runner"] = int(lose_runner)
+            state["hosted_runners"] = bool(hosted_runners)
 
     def reset(self) -> None:
         with self._locked(write=True) as state:
@@ -155,8 +162,35 @@ class FakeProvider(LocalProvider):
         timeout_s: float,
     ) -> None:
         lose = self.script.take_lost_runner()
+        if self.script.state()["hosted_runners"]:
+            self._hand_to_host(sandbox_id, env, lose)
+            return
         super().exec_detached(sandbox_id, argv, env=env, timeout_s=timeout_s)
         if lose:
             # A lost runner: its whole tree dies before it can leave an exit record or result.
             self.kill(sandbox_id)
             (self.root / sandbox_id / RESULT_FILE).unlink(missing_ok=True)
+
+    def _hand_to_host(self, sandbox_id: str, env: Mapping[str, str], lose: bool) -> None:
+        path = self.root / sandbox_id
+        if not path.is_dir():
+            raise SandboxNotFoundError(f"no sandbox {sandbox_id!r}")
+        (path / HOSTED_MARK).write_text("1")
+        if lose:
+            # Lost before it could leave anything: an exit record without a result.
+            (path / EXIT_FILE).write_text(json.dumps({"exit_code": 137, "timed_out": False}))
+            return
+        spool = self.root / SPOOL_DIR
+        spool.mkdir(parents=True, exist_ok=True)
+        tmp = spool / f".{sandbox_id}.tmp"
+        tmp.write_text(json.dumps({"dir": str(path), "env": dict(env)}))
+        os.replace(tmp, spool / f"{sandbox_id}.json")
+
+    def poll(self, sandbox_id: str) -> ProcessStatus:
+        path = self.root / sandbox_id
+        if not (path / HOSTED_MARK).is_file():
+            return super().poll(sandbox_id)
+        with suppress(FileNotFoundError, ValueError):
+            record = json.loads((path / EXIT_FILE).read_bytes())
+            return ProcessStatus(state="exited", exit_code=int(record["exit_code"]))
+        return ProcessStatus(state="running" if path.is_dir() else "missing")

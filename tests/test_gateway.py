@@ -96,6 +96,18 @@ def test_heartbeat_renews_and_answers_cancel(gateway: Gateway) -> None:
     assert call(gateway, run.token(), {"action": "heartbeat"}).json()["result"]["cancel"]
 
 
+def test_a_runner_beating_past_its_time_limit_is_told_to_stop(gateway: Gateway) -> None:
+    run = launched()
+    with session_scope() as s:
+        s.execute(sa.update(Attempt).where(Attempt.run_id == run.fence.run_id)
+                  .values(runner_deadline=db_now(-1), lease_expires_at=db_now(1)))
+    answer = call(gateway, run.token(), {"action": "heartbeat"}).json()["result"]
+    assert (answer["cancel"], answer["renewed"]) == (True, False)
+    with session_scope() as s:  # the lease is left to run out: the reaper inspects it
+        assert s.scalar(sa.select(Attempt.lease_expires_at < db_now(2)).where(
+            Attempt.run_id == run.fence.run_id))
+
+
 def test_complete_settles_once_and_reports_what_won(gateway: Gateway) -> None:
     run = launched()
     first = call(gateway, run.token(), {"action": "complete", "result": {

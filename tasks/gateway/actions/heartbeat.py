@@ -37,10 +37,15 @@ def handle(grant: Grant, _request: Heartbeat, ctx: Context) -> dict[str, Any]:
     timeout = ctx.settings.heartbeat_timeout_s
     with session_scope() as session:
         row = session.execute(
-            sa.select(Run.status, Run.cancel_requested_at.is_not(None))
+            sa.select(Run.status, Run.cancel_requested_at.is_not(None),
+                      sa.func.coalesce(Attempt.runner_deadline < db_now(), False))
             .join(Attempt, Attempt.run_id == Run.id).where(launch_filter(fence))).first()
         if row is None or row[0] in TERMINAL_STATUSES:
             raise FenceLostError(f"launch {grant.launch_id} of run {grant.run_id} is not current")
+        if row[2]:
+            # Past the run's time limit: no more lease; it stops, the reaper inspects it.
+            return {"cancel": True, "renewed": False, "reason": "past the run's time limit",
+                    "interval_s": ctx.settings.heartbeat_interval_s}
         renewed = session.execute(
             sa.update(Attempt)
             .where(launch_filter(fence),

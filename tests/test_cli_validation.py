@@ -343,3 +343,8 @@ def test_set_limit_checks_where_it_stores(pg_url: str, value: Any, ok: bool) -> 
     for bad_org in ["", "a\x00", "\ud800", "o" * 129, 5]:
         with pytest.raises(InputInvalidError):
             capacity.set_limit(bad_org, 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("revision", ["zzz", "\x00", "", "head\n"])
+def test_db_upgrade_to_an_unknown_revision(pg_url: str, revision: str) -> None:
+    refused(cli("db", "upgrade", "--revision", revision), "INPUT_INVALID")

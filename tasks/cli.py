@@ -13,9 +13,12 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from tasks.admission.validate import (
+    check_org_id,
+    check_rate,
     check_seconds,
     check_text,
     parse_count,
+    parse_input_text,
     parse_number,
 )
 from tasks.constants import MAX_DURATION_S, MAX_STATS_WINDOW_S
@@ -109,7 +112,6 @@ def submit(play: Path, input: Annotated[str, typer.Option("--input")] = "null",
            ) -> None:
     """Submit a run; with --wait, print its result."""
     import tasks
-    from tasks.admission.validate import parse_input_text
     from tasks.durations import parse_duration
 
     wait_s = parse_duration(timeout)
@@ -181,7 +183,6 @@ def policy_throttle(per_minute: Annotated[str, typer.Argument(metavar="PER_MINUT
                     reason: str | None = None) -> None:
     """Override the adaptive start rate with PER_MINUTE starts a minute for a while."""
     from tasks.acquisition import policy
-    from tasks.admission.validate import check_rate
     from tasks.durations import parse_duration
 
     rate = check_rate(parse_number(per_minute, "sandbox_starts_per_minute", PolicyInvalidError))
@@ -215,7 +216,6 @@ def capacity_show() -> None:
 def capacity_set(org: str, limit: Annotated[str, typer.Argument(metavar="N")]) -> None:
     """Set ORG's concurrent-sandbox limit N (0 stops its starts)."""
     from tasks.acquisition import capacity
-    from tasks.admission.validate import check_org_id
 
     capacity.set_limit(check_org_id(org), parse_count(limit, "the capacity limit"))
     capacity_show()

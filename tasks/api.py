@@ -1,4 +1,7 @@
-"""The public API for app code: submit_run, get_run, cancel_run, run_events."""
+"""The public API for app code: submit_run, get_run, cancel_run, run_events.
+
+Every argument is checked by tasks.admission.validate before it reaches SQL.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,12 @@ from models import Attempt, Run, db_now
 from tasks import ledger
 from tasks.admission.relay import publish_admitted
 from tasks.admission.submit import admit
+from tasks.admission.validate import (
+    check_list_limit,
+    check_org_id,
+    check_run_id,
+    check_wait_timeout,
+)
 from tasks.app import app, send
 from tasks.constants import (
     CANCELLED,
@@ -92,7 +101,12 @@ class RunHandle:
         return get_run(self.id)
 
     def wait(self, timeout: float | None = 60.0) -> RunResult:
-        """Wait for the terminal outcome: a Redis notification, with SQL polls as the backstop."""
+        """Wait for the terminal outcome: a Redis notification, with SQL polls as the backstop.
+
+        `timeout` is None (wait for ever) or finite seconds, zero or more.
+        """
+        timeout = check_wait_timeout(timeout)
+        check_run_id(self.id)
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = None
         try:
@@ -152,39 +166,45 @@ def _view(run: Run, attempts: list[Attempt]) -> RunView:
 
 
 def get_run(run_id: str) -> RunView:
+    run_id = check_run_id(run_id)
     ensure_schema_once()
     with session_scope(readonly=True) as session:
         run = session.get(Run, run_id)
         if run is None:
-            raise RunNotFoundError(f"no run with id {run_id!r}")
+            raise RunNotFoundError(f"no run with id {run_id}")
         attempts = list(session.scalars(
             sa.select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.generation)))
         return _view(run, attempts)
 
 
 def list_runs(limit: int = 50, org_id: str | None = None) -> list[RunView]:
+    limit = check_list_limit(limit)
+    if org_id is not None:
+        org_id = check_org_id(org_id)
     with session_scope(readonly=True) as session:
         stmt = sa.select(Run).order_by(Run.created_at.desc()).limit(limit)
-        if org_id:
+        if org_id is not None:
             stmt = stmt.where(Run.org_id == org_id)
         return [_view(r, []) for r in session.scalars(stmt)]
 
 
 def run_events(run_id: str) -> list[ledger.Event]:
+    run_id = check_run_id(run_id)
     ensure_schema_once()
     with session_scope(readonly=True) as session:
         if session.get(Run, run_id) is None:
-            raise RunNotFoundError(f"no run with id {run_id!r}")
+            raise RunNotFoundError(f"no run with id {run_id}")
         return ledger.read(session, run_id)
 
 
 def cancel_run(run_id: str) -> RunView:
     """Ask for cancellation; the outcome is `cancelled` unless a terminal already won."""
+    run_id = check_run_id(run_id)
     ensure_schema_once()
     with session_scope() as session:
         run = lock_run(session, run_id)
         if run is None:
-            raise RunNotFoundError(f"no run with id {run_id!r}")
+            raise RunNotFoundError(f"no run with id {run_id}")
         first = run.status not in TERMINAL_STATUSES and run.cancel_requested_at is None
         if first:
             run.cancel_requested_at = db_now()

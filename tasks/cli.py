@@ -5,16 +5,52 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
-from tasks.errors import PlayrunError
+from tasks.admission.validate import (
+    check_org_id,
+    check_rate,
+    check_seconds,
+    check_text,
+    parse_count,
+    parse_input_text,
+    parse_number,
+)
+from tasks.constants import MAX_DURATION_S, MAX_STATS_WINDOW_S
+from tasks.errors import InputInvalidError, PlayrunError, PolicyInvalidError
+
+
+def error_line(exc: PlayrunError) -> str:
+    """How every PlayrunError reaches an operator: one line, its code first."""
+    return f"error {exc.code}: {' '.join(exc.message.split())}"
+
+
+def _fail(exc: PlayrunError) -> NoReturn:
+    typer.echo(error_line(exc), err=True)
+    raise typer.Exit(2)
+
+
+class _Commands(TyperGroup):
+    """Turns a PlayrunError from any subcommand (its arguments included) into one
+    line on stderr and exit status 2, in the process and under CliRunner alike."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own click Context
+        try:
+            return super().invoke(ctx)
+        except PlayrunError as exc:
+            _fail(exc)
+
+
+# Numbers as positional arguments: let `-1` reach our checks instead of reading as an option.
+NUMERIC_ARGS: dict[str, Any] = {"ignore_unknown_options": True}
 
 app = typer.Typer(help="playrun: run plays in isolated sandboxes.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=_Commands)
 db_app = typer.Typer(help="Database schema (Alembic).", no_args_is_help=True)
 policy_app = typer.Typer(help="Traffic policy for sandbox starts.", no_args_is_help=True)
 capacity_app = typer.Typer(help="Per-org sandbox capacity.", no_args_is_help=True)
@@ -62,9 +98,15 @@ def gateway() -> None:
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Migrate the database to the newest schema (the only command that runs DDL)."""
+    from alembic.util.exc import CommandError
+
     from tasks import db
 
-    db.upgrade(revision=revision)
+    revision = check_text(revision, "revision", 64)
+    try:
+        db.upgrade(revision=revision)
+    except CommandError as exc:
+        raise InputInvalidError(f"cannot upgrade to {revision!r}: {exc}") from exc
     console.print(f"database at revision {db.current_revision()}")
 
 
@@ -79,28 +121,33 @@ def db_current() -> None:
 def submit(play: Path, input: Annotated[str, typer.Option("--input")] = "null",
            org: Annotated[str, typer.Option("--org")] = "default",
            key: Annotated[str | None, typer.Option("--key", help="idempotency key")] = None,
-           wait: bool = False, timeout: float = 300.0) -> None:
+           wait: bool = False,
+           timeout: Annotated[str, typer.Option("--timeout", metavar="DURATION",
+                                                help="with --wait: e.g. 300, 90s, 10m")] = "300",
+           ) -> None:
     """Submit a run; with --wait, print its result."""
     import tasks
-    from tasks.admission.validate import parse_input_text
+    from tasks.durations import parse_duration
 
+    wait_s = parse_duration(timeout)
     handle = tasks.submit_run(play, parse_input_text(input), org_id=org, idempotency_key=key)
     if not wait:
         print(handle.id)
         return
-    result = handle.wait(timeout=timeout)
+    result = handle.wait(timeout=wait_s)
     print(json.dumps({"id": handle.id, "status": result.status, "output": result.output,
                       "code": result.code, "error": result.error}, indent=2))
     raise typer.Exit(0 if result.status == "succeeded" else 1)
 
 
 @app.command()
-def runs(limit: int = 20, org: str | None = None) -> None:
+def runs(limit: Annotated[str, typer.Option("--limit", metavar="N")] = "20",
+         org: str | None = None) -> None:
     """List recent runs."""
     import tasks
 
     table = Table("id", "org", "status", "code", "created", "finished")
-    for v in tasks.list_runs(limit=limit, org_id=org):
+    for v in tasks.list_runs(limit=parse_count(limit, "--limit"), org_id=org):
         table.add_row(v.id, v.org_id, v.status, v.code or "", f"{v.created_at:%Y-%m-%d %H:%M:%S}",
                       f"{v.finished_at:%H:%M:%S}" if v.finished_at else "")
     console.print(table)
@@ -145,14 +192,16 @@ def policy_hold(for_: Annotated[str, typer.Option("--for")] = "10m",
     policy_show()
 
 
-@policy_app.command("throttle")
-def policy_throttle(per_minute: float, for_: Annotated[str, typer.Option("--for")] = "1h",
+@policy_app.command("throttle", context_settings=NUMERIC_ARGS)
+def policy_throttle(per_minute: Annotated[str, typer.Argument(metavar="PER_MINUTE")],
+                    for_: Annotated[str, typer.Option("--for")] = "1h",
                     reason: str | None = None) -> None:
     """Override the adaptive start rate with PER_MINUTE starts a minute for a while."""
     from tasks.acquisition import policy
     from tasks.durations import parse_duration
 
-    policy.set_policy(policy.THROTTLE, for_s=parse_duration(for_), starts_per_minute=per_minute,
+    rate = check_rate(parse_number(per_minute, "sandbox_starts_per_minute", PolicyInvalidError))
+    policy.set_policy(policy.THROTTLE, for_s=parse_duration(for_), starts_per_minute=rate,
                       reason=reason)
     policy_show()
 
@@ -178,12 +227,12 @@ def capacity_show() -> None:
     console.print(table)
 
 
-@capacity_app.command("set")
-def capacity_set(org: str, limit: Annotated[int, typer.Argument(min=0)]) -> None:
-    """Set ORG's concurrent-sandbox limit (0 stops its starts)."""
+@capacity_app.command("set", context_settings=NUMERIC_ARGS)
+def capacity_set(org: str, limit: Annotated[str, typer.Argument(metavar="N")]) -> None:
+    """Set ORG's concurrent-sandbox limit N (0 stops its starts)."""
     from tasks.acquisition import capacity
 
-    capacity.set_limit(org, limit)
+    capacity.set_limit(check_org_id(org), parse_count(limit, "the capacity limit"))
     capacity_show()
 
 
@@ -202,17 +251,21 @@ def stats(since: Annotated[str, typer.Option("--since")] = "1h") -> None:
     from tasks.durations import parse_duration
     from tasks.stats import as_dict, collect
 
-    print(json.dumps(as_dict(collect(parse_duration(since))), indent=2, sort_keys=True))
+    window = parse_duration(since, maximum=MAX_STATS_WINDOW_S)
+    print(json.dumps(as_dict(collect(window)), indent=2, sort_keys=True))
 
 
 @app.command()
-def gc(grace: float | None = None) -> None:
+def gc(grace: Annotated[str | None, typer.Option(
+        "--grace", metavar="SECONDS", help="spare sandboxes younger than this")] = None) -> None:
     """Run one sandbox GC pass now and print what it did."""
     from tasks.maintenance.gc import collect
     from tasks.runtime import provider
     from tasks.settings import get_settings
 
-    report = collect([provider()], get_settings().gc_grace_s if grace is None else grace)
+    grace_s = get_settings().gc_grace_s if grace is None else check_seconds(
+        parse_number(grace, "--grace"), "--grace", allow_zero=True, maximum=MAX_DURATION_S)
+    report = collect([provider()], grace_s)
     print(f"listed {report.listed}, kept {report.kept}, too young {report.young}, "
           f"deleted {len(report.deleted)}, failed {len(report.failed)}")
     for prov, sid, why in report.deleted:
@@ -224,8 +277,8 @@ def gc(grace: float | None = None) -> None:
 def main() -> None:
     try:
         app()
-    except PlayrunError as exc:
-        Console(stderr=True).print(f"[red]error[/red] {exc.code}: {exc.message}")
+    except PlayrunError as exc:  # raised outside a subcommand; same line as _Commands prints
+        print(error_line(exc), file=sys.stderr)
         sys.exit(2)
 
 

@@ -105,5 +105,19 @@ MAX_RESULT_FILE_BYTES: Final = 2 * 1024 * 1024
 MAX_EVENT_BYTES: Final = 16 * 1024
 MAX_EVENTS_READ_BYTES: Final = 256 * 1024
 MAX_PLAY_BYTES: Final = 1024 * 1024
+MAX_INPUT_DEPTH: Final = 64  # nesting of lists and objects in a run input
+MAX_INPUT_INT: Final = 2**63  # |n| < this: an int64 survives JSONB, SQLite and Python alike
+# |x| < this for floats: from 1e16 up Python writes `4.1e+16`, which JSONB keeps as the
+# numeric 41000000000000000 and hands back as an int, no longer equal to the float.
+MAX_INPUT_FLOAT: Final = 1e16
+MAX_ORG_ID_CHARS: Final = 128  # the runs.org_id and capacity_orgs.org_id columns
+MAX_IDEMPOTENCY_KEY_CHARS: Final = 256  # runs.idempotency_key
+MAX_PLAY_PATH_CHARS: Final = 1024  # runs.play_path
+RUN_ID_PATTERN: Final = r"[0-9a-f]{32}"  # uuid4().hex, what models.base.new_id makes
+MAX_LIST_RUNS: Final = 10_000
+MAX_STARTS_PER_MINUTE: Final = 1_000_000.0  # the start-rate bucket's ceiling (startrate.maths)
+MAX_SQL_INT: Final = 2**31 - 1  # an Integer column
+MAX_DURATION_S: Final = 365 * 86400.0  # operator holds, throttles and waits
+MAX_STATS_WINDOW_S: Final = 10 * 365 * 86400.0
 # The development signing secret; refused when a PostgreSQL database is configured.
 DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"

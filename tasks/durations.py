@@ -1,30 +1,40 @@
-"""Parse operator durations such as `90s`, `10m`, `1h30m`, `2d`."""
+"""Parse operator durations such as `90s`, `10m`, `1h30m`, `2d`.
+
+Each unit appears at most once, in the order d, h, m, s (`1d2h3m4s`); a bare
+number is seconds. The result is positive, finite and at most `maximum`
+(by default MAX_DURATION_S, one year), so it always fits a database interval.
+"""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from tasks.errors import PlayrunError
+from tasks.admission.validate import brief, check_seconds
+from tasks.constants import MAX_DURATION_S
+from tasks.errors import DurationInvalidError
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+__all__ = ["DurationInvalidError", "parse_duration"]
+
+_NUM = r"[0-9]{1,9}(?:\.[0-9]{1,9})?"
+_DURATION = re.compile(
+    rf"(?:(?P<d>{_NUM})d)?(?:(?P<h>{_NUM})h)?(?:(?P<m>{_NUM})m)?(?:(?P<s>{_NUM})s)?")
+_BARE = re.compile(_NUM)
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_MAX_TEXT = 64
 
 
-class DurationInvalidError(PlayrunError):
-    """The duration is not like 30s, 10m, 1h30m or 2d."""
-
-    code = "DURATION_INVALID"
-
-
-def parse_duration(text: str) -> float:
+def parse_duration(text: Any, *, maximum: float = MAX_DURATION_S) -> float:
+    if not isinstance(text, str) or len(text) > _MAX_TEXT:
+        raise DurationInvalidError(f"cannot read duration {brief(text)}; use e.g. 30s, 10m, 1h")
     text = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
+    if _BARE.fullmatch(text):
         seconds = float(text)
     else:
-        parts = _PART.findall(text)
-        if not parts or "".join(n + u for n, u in parts) != text:
-            raise DurationInvalidError(f"cannot read duration {text!r}; use e.g. 30s, 10m, 1h")
-        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise DurationInvalidError("the duration must be positive")
-    return seconds
+        match = _DURATION.fullmatch(text)
+        if match is None or not any(match.groupdict().values()):
+            raise DurationInvalidError(
+                f"cannot read duration {brief(text)}; use e.g. 30s, 10m, 1h30m, 2d "
+                f"(each unit once, in the order d h m s)")
+        seconds = sum(float(n) * _UNITS[u] for u, n in match.groupdict().items() if n)
+    return check_seconds(seconds, "duration", maximum=maximum, error=DurationInvalidError)

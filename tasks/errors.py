@@ -46,7 +46,7 @@ class PlayInvalidError(PlayrunError):
 
 
 class InputInvalidError(PlayrunError):
-    """The run input is not JSON or is too large."""
+    """An argument from app code or an operator is malformed, out of range or too large."""
 
     code = "INPUT_INVALID"
 
@@ -60,6 +60,18 @@ class DocumentInvalidError(PlayrunError):
         super().__init__(message)
         # size, encoding, syntax, depth, number or type: what callers may report.
         self.reason = reason
+
+
+class PolicyInvalidError(InputInvalidError):
+    """The traffic policy request is not valid."""
+
+    code = "POLICY_INVALID"
+
+
+class DurationInvalidError(InputInvalidError):
+    """The duration is not like 30s, 10m, 1h30m or 2d."""
+
+    code = "DURATION_INVALID"
 
 
 class RunNotFoundError(PlayrunError):

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from models import CapacityLease, CapacityOrg, db_now
 from tasks import ledger
+from tasks.admission.validate import check_count, check_org_id
 from tasks.constants import (
     CAPACITY_EXCEEDED_MESSAGE,
     EV_CAPACITY_OVERRUN,
@@ -137,6 +138,10 @@ def release_lease(run_id: str, generation: int, token: str | None = None) -> lis
 
 
 def set_limit(org_id: str, limit: int | None) -> None:
+    """An operator override of ORG's limit (None removes it); checked before it is stored."""
+    org_id = check_org_id(org_id)
+    if limit is not None:
+        limit = check_count(limit, "the capacity limit")
     with session_scope() as session:
         org = _lock_org(session, org_id)
         org.limit = limit

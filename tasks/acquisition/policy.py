@@ -1,26 +1,42 @@
-"""Traffic policy (SPEC 4.3): an operator switch in SQL that expires by itself."""
+"""Traffic policy (SPEC 4.3): an operator switch in SQL that expires by itself.
+
+`set_policy` refuses a bad request before it is stored; `current` checks every row
+again as it reads it, so a row written some other way (by hand, an older build)
+with a NaN or negative rate, an unknown mode or an absurd expiry is ignored with a
+log line, never applied: it cannot stop the fleet's sandbox starts.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import TrafficPolicy, db_now
+from tasks.admission.validate import check_note, check_rate, check_seconds
+from tasks.constants import MAX_DURATION_S, MAX_STARTS_PER_MINUTE
 from tasks.db import session_scope
-from tasks.errors import PlayrunError
+from tasks.errors import PolicyInvalidError
+
+__all__ = ["HOLD", "NORMAL", "THROTTLE", "Policy", "PolicyInvalidError", "current", "read",
+           "set_policy"]
+
+log = logging.getLogger("playrun.policy")
 
 NORMAL = "normal"
 HOLD = "hold_new_sandbox_starts"
 THROTTLE = "sandbox_starts_per_minute"
-
-
-class PolicyInvalidError(PlayrunError):
-    """The traffic policy request is not valid."""
-
-    code = "POLICY_INVALID"
+MODES = (NORMAL, HOLD, THROTTLE)
+# Unexpired rows looked at per read: past this many bad ones in a row, normal applies.
+_SCAN = 20
+# Clock slack between the writer's database time and the reader's.
+_EXPIRY_SLACK = timedelta(minutes=5)
+MAX_REASON_CHARS = 1000
+_reported: set[int] = set()  # rows already logged as ignored by this process
 
 
 @dataclass(frozen=True)
@@ -31,17 +47,44 @@ class Policy:
     reason: str | None = None
 
 
+def problem(row: TrafficPolicy, now: datetime) -> str | None:
+    """Why a stored row must not be applied, or None when it is sound."""
+    if row.mode not in MODES:
+        return f"unknown mode {row.mode!r}"
+    if row.mode == NORMAL:
+        return None
+    if row.expires_at is None:
+        return f"{row.mode} without an expiry"
+    if row.expires_at - now > timedelta(seconds=MAX_DURATION_S) + _EXPIRY_SLACK:
+        return f"expiry {row.expires_at.isoformat()} is more than {MAX_DURATION_S:g}s away"
+    if row.mode == THROTTLE:
+        rate = row.starts_per_minute
+        if (rate is None or isinstance(rate, bool) or not isinstance(rate, (int, float))
+                or not math.isfinite(rate) or not 0 < rate <= MAX_STARTS_PER_MINUTE):
+            return f"sandbox_starts_per_minute {rate!r} is not in (0, {MAX_STARTS_PER_MINUTE:g}]"
+    return None
+
+
 def current(session: Session) -> Policy:
-    """The newest unexpired policy row; none (or an explicit `normal`) means normal."""
-    row = session.scalars(
-        sa.select(TrafficPolicy)
+    """The newest sound unexpired policy row; none (or an explicit `normal`) means normal."""
+    now_col = db_now().label("now")
+    rows = session.execute(
+        sa.select(TrafficPolicy, now_col)
         .where(sa.or_(TrafficPolicy.expires_at.is_(None), TrafficPolicy.expires_at > db_now()))
         .order_by(TrafficPolicy.id.desc())
-        .limit(1)
-    ).first()
-    if row is None or row.mode == NORMAL:
-        return Policy(NORMAL)
-    return Policy(row.mode, row.starts_per_minute, row.expires_at, row.reason)
+        .limit(_SCAN)
+    ).all()
+    for row, now in rows:
+        why = problem(row, now)
+        if why is not None:
+            if row.id not in _reported:
+                _reported.add(row.id)
+                log.warning("ignoring invalid traffic policy row %s: %s", row.id, why)
+            continue
+        if row.mode == NORMAL:
+            return Policy(NORMAL)
+        return Policy(row.mode, row.starts_per_minute, row.expires_at, row.reason)
+    return Policy(NORMAL)
 
 
 def read() -> Policy:
@@ -51,16 +94,26 @@ def read() -> Policy:
 
 def set_policy(mode: str, *, for_s: float | None, starts_per_minute: float | None = None,
                reason: str | None = None) -> Policy:
-    if mode not in (NORMAL, HOLD, THROTTLE):
+    if mode not in MODES:
         raise PolicyInvalidError(f"unknown traffic policy {mode!r}")
-    if mode == THROTTLE and (starts_per_minute is None or starts_per_minute <= 0):
-        raise PolicyInvalidError("a throttle needs a positive sandbox_starts_per_minute")
-    if mode != NORMAL and (for_s is None or for_s <= 0):
-        # Short-lived by design: a forgotten hold must not stop the fleet forever.
-        raise PolicyInvalidError("hold and throttle need a positive duration (--for)")
+    rate = None
+    if mode == THROTTLE:
+        if starts_per_minute is None:
+            raise PolicyInvalidError("a throttle needs a positive sandbox_starts_per_minute")
+        rate = check_rate(starts_per_minute)
+    seconds = None
+    if mode != NORMAL:
+        if for_s is None:
+            # Short-lived by design: a forgotten hold must not stop the fleet forever.
+            raise PolicyInvalidError("hold and throttle need a positive duration (--for)")
+        seconds = check_seconds(for_s, "the policy duration (--for)", error=PolicyInvalidError)
+    elif for_s is not None:
+        seconds = check_seconds(for_s, "the policy duration (--for)", error=PolicyInvalidError)
+    if reason is not None:
+        reason = check_note(reason, "the reason", MAX_REASON_CHARS, PolicyInvalidError)
     with session_scope() as session:
         session.add(TrafficPolicy(
-            mode=mode, starts_per_minute=starts_per_minute if mode == THROTTLE else None,
-            reason=reason, expires_at=db_now(for_s) if for_s else None,
+            mode=mode, starts_per_minute=rate, reason=reason,
+            expires_at=db_now(seconds) if seconds else None,
         ))
     return read()

@@ -15,7 +15,12 @@ from sqlalchemy.orm import Session
 
 from models import Outbox, PlayBundle, Run, db_now
 from tasks import ledger
-from tasks.admission.validate import check_input, check_name, load_play
+from tasks.admission.validate import (
+    check_idempotency_key,
+    check_input,
+    check_org_id,
+    load_play,
+)
 from tasks.constants import EV_ADMITTED, QUEUED, TASK_START_ATTEMPT
 from tasks.db import is_postgres, session_scope
 
@@ -55,9 +60,9 @@ def enqueue_start(session: Session, run_id: str, *, delay_s: float = 0.0) -> str
 
 
 def admit(play: str | Path, input: Any, org_id: str, idempotency_key: str | None) -> Admitted:
-    check_name(org_id, "org_id", 128)
-    if idempotency_key is not None:
-        check_name(idempotency_key, "idempotency_key", 256)
+    """Validate everything (tasks.admission.validate), then write it in one transaction."""
+    org_id = check_org_id(org_id)
+    idempotency_key = check_idempotency_key(idempotency_key)
     value = check_input(input)
     bundle = load_play(play)
     try:

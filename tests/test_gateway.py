@@ -3,6 +3,8 @@ PostgreSQL; tokens, capabilities, fences, refusals and idempotent delivery."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +21,7 @@ from tasks.execution.launch import mark_launching
 from tasks.fence import Fence
 from tasks.gateway import tokens
 from tasks.settings import get_settings
-from tests.conftest import Gateway
+from tests.conftest import ROOT, Gateway, free_port, worker_env
 from tests.support import must_claim, new_run, supersede
 
 
@@ -217,3 +219,13 @@ def test_invalid_json_and_huge_bodies_are_refused(gateway: Gateway) -> None:
     refused(call(gateway, token, None, raw=b"[" * 100_000), 400, "GATEWAY_BAD_REQUEST")
     refused(call(gateway, token, None, raw=b" " * (10 * 1024 * 1024)), 413,
             "GATEWAY_BODY_TOO_LARGE")
+
+
+def test_the_gateway_refuses_the_development_secret_on_postgres(pg_url: str) -> None:
+    env = worker_env(PLAYRUN_GATEWAY_URL=f"http://127.0.0.1:{free_port()}")
+    env.pop("PLAYRUN_SECRET_KEY")
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "gateway"], env=env,
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "CONFIG_INVALID" in proc.stderr and "PLAYRUN_SECRET_KEY" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -61,6 +61,7 @@ def _cycles(url: str, fence_t: tuple[str, int, str], org_id: str, seconds: float
     from tasks.acquisition import capacity
     from tasks.db import session_scope
     from tasks.fence import Fence, hold
+    from tasks.release.capacity import release_lease
     from tasks.settings import get_settings
 
     fence, settings = Fence(*fence_t), get_settings()
@@ -72,7 +73,7 @@ def _cycles(url: str, fence_t: tuple[str, int, str], org_id: str, seconds: float
         with session_scope() as session:
             hold(session, fence)
             capacity.promote(session, fence, lease_id, "bench", f"sb-{i}")
-        assert capacity.release_lease(fence.run_id, fence.generation) == [lease_id]
+        assert release_lease(fence.run_id, fence.generation) == [lease_id]
 
     for i in range(20):  # warm the pool and the statement cache
         cycle(i)

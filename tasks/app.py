@@ -12,9 +12,9 @@ from kombu import Exchange, Queue  # type: ignore[attr-defined]
 from tasks.constants import QUEUE
 from tasks.db import require_current_schema
 from tasks.errors import PlayrunError
-from tasks.maintenance.watchdog import BrokerWatchdog
 from tasks.runtime import host_queue
 from tasks.settings import get_settings
+from tasks.watchdog import BrokerWatchdog
 
 log = logging.getLogger("playrun.worker")
 

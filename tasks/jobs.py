@@ -171,7 +171,7 @@ def cancel_attempt(run_id: str) -> None:
 
 @app.task(name=TASK_WATCHDOG_PING, ignore_result=True)
 def watchdog_ping() -> None:
-    """Received is what counts (see tasks.maintenance.watchdog); running it is a no-op."""
+    """Received is what counts (see tasks.watchdog); running it is a no-op."""
 
 
 @app.task(name=TASK_SWEEP_OUTBOX)

@@ -38,6 +38,7 @@ from tasks.errors import CapacityExceededError, FenceLostError
 from tasks.fence import Fence, hold
 from tasks.maintenance.reaper import _adopt, expire_reservations
 from tasks.release.attempt import release_attempt
+from tasks.release.capacity import release_lease
 from tasks.runtime import provider as runtime_provider
 from tasks.sandbox import SandboxSpec
 from tasks.settings import get_settings
@@ -92,7 +93,7 @@ def _client(run_id: str, generation: int, token: str, org_id: str, ops: list[str
             live = True
             stats["promoted"] += 1
         elif op == "release" and lease_id is not None:
-            assert capacity.release_lease(run_id, generation) == [lease_id]
+            assert release_lease(run_id, generation) == [lease_id]
             lease_id, live = None, False
             stats["released"] += 1
     return stats
@@ -167,7 +168,7 @@ def test_live_plus_reserved_never_exceeds_the_limit(
     # Whatever is still held is exactly what the clients did not release, and goes back.
     assert final == sum(s["reserved"] - s["released"] for s in stats)
     for f in fences:
-        capacity.release_lease(f.run_id, f.generation)
+        release_lease(f.run_id, f.generation)
     assert held(org_id) == 0
 
 
@@ -183,7 +184,7 @@ def test_a_full_org_rejects_with_the_capacity_message(pg_url: str) -> None:
     assert caught.value.message == CAPACITY_EXCEEDED_MESSAGE
     assert held(org_id) == 2
     # A release frees exactly one slot.
-    capacity.release_lease(fences[0].run_id, fences[0].generation)
+    release_lease(fences[0].run_id, fences[0].generation)
     reserve(fences[2], org_id)
     assert held(org_id) == 2
 
@@ -232,7 +233,7 @@ def test_promotion_is_a_compare_and_set(pg_url: str) -> None:
     assert lease(lease_id) == ("live", "local", "lsb-aaaaaaaaaaaaaaaa")
     # A released lease cannot be promoted by anyone.
     fresh = reserve(second, org_id)
-    capacity.release_lease(run_id, 2)
+    release_lease(run_id, 2)
     with pytest.raises(FenceLostError):
         promote(second, fresh, "local", "lsb-cccccccccccccccc")
     assert lease(fresh) == ("released", None, None)

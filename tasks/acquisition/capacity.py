@@ -20,11 +20,10 @@ from tasks.admission.validate import check_count, check_org_id
 from tasks.constants import (
     CAPACITY_EXCEEDED_MESSAGE,
     EV_CAPACITY_OVERRUN,
-    EV_CAPACITY_RELEASED,
 )
 from tasks.db import is_postgres, session_scope
 from tasks.errors import CapacityExceededError, FenceLostError
-from tasks.fence import Fence, lock_run
+from tasks.fence import Fence
 from tasks.settings import Settings
 
 RESERVED = "reserved"
@@ -110,31 +109,6 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
         return
     state = "missing" if lease is None else lease.state
     raise FenceLostError(f"capacity lease {lease_id} is {state}, not reserved for this attempt")
-
-
-def release_lease(run_id: str, generation: int, token: str | None = None) -> list[str]:
-    """Release what the holder with `token` (any holder if None) still holds; each
-    release is recorded once."""
-    with session_scope() as session:
-        # Run row first, like every writer here, so this never deadlocks with a promote.
-        lock_run(session, run_id)
-        cond = [CapacityLease.run_id == run_id, CapacityLease.generation == generation,
-                CapacityLease.state.in_(HELD)]
-        if token is not None:
-            cond.append(CapacityLease.holder_token == token)
-        ids = list(session.scalars(sa.select(CapacityLease.id).where(*cond)))
-        released = []
-        for lease_id in ids:
-            changed = session.execute(
-                sa.update(CapacityLease)
-                .where(CapacityLease.id == lease_id, CapacityLease.state.in_(HELD))
-                .values(state=RELEASED, released_at=db_now())
-            ).rowcount  # type: ignore[attr-defined]
-            if changed:
-                ledger.append(session, run_id, EV_CAPACITY_RELEASED, {"lease_id": lease_id},
-                              generation)
-                released.append(lease_id)
-    return released
 
 
 def set_limit(org_id: str, limit: int | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from tasks.release.capacity import release_lease
 from tasks.release.sandboxes import release_sandboxes
 
 log = logging.getLogger("playrun.release")
@@ -25,8 +26,6 @@ def release_attempt(run_id: str, generation: int, token: str) -> None:
         # The slot stays taken while a sandbox may still exist; the reaper retries.
         return
     try:
-        from tasks.acquisition.capacity import release_lease
-
         release_lease(run_id, generation, token)
     except Exception:
         log.exception("releasing the capacity lease of run %s gen %s failed", run_id, generation)

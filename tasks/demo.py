@@ -14,6 +14,10 @@ from tasks.embedded import Stack
 SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plays" / "hello.py"
 
 
+# How long the demo waits, after the terminal, for the release to be recorded.
+RELEASE_WAIT_S = 15.0
+
+
 def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
              keep: bool = False) -> int:
     console = Console()
@@ -39,15 +43,20 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
         console.print(f"[bold]run[/bold] {handle.id} submitted ({play.name})")
         seen = 0
         deadline = time.monotonic() + timeout
+        released_by: float | None = None
         while time.monotonic() < deadline:
             events = tasks.run_events(handle.id)
             for event in events[seen:]:
                 console.print(f"  [dim]{event.at:%H:%M:%S.%f}[/dim] [cyan]{event.kind}[/cyan] "
                               f"{_brief(event.data)}")
             seen = len(events)
-            view = tasks.get_run(handle.id)
-            if view.finished_at is not None:
-                break
+            if tasks.get_run(handle.id).finished_at is not None:
+                # The release (sandbox, capacity) follows the terminal: show it too.
+                if any(e.kind == "capacity.released" for e in events):
+                    break
+                released_by = released_by or time.monotonic() + RELEASE_WAIT_S
+                if time.monotonic() > released_by:
+                    break
             time.sleep(0.1)
         view = tasks.get_run(handle.id)
         for event in tasks.run_events(handle.id)[seen:]:

@@ -53,7 +53,7 @@ def test_a_cancel_before_launch_wins_and_nothing_starts(pg_url: str) -> None:
     f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)  # the attempt is active, so only the request is recorded
     assert tasks.get_run(f.run_id).status == "running"
-    assert mark_launching(f, get_settings()) == "cancelled"
+    assert mark_launching(f, get_settings()) is None  # cancelled: no launch recorded
 
 
 def test_a_cancel_during_acquisition_wins_over_a_deferral(pg_url: str) -> None:

@@ -136,6 +136,7 @@ class Context:
             self._seq += 1
             event: dict[str, Any] = {
                 "seq": self._seq,
+                "kind": "progress",
                 "message": text,
                 "fields": clean,
                 "t": time.time(),

@@ -48,12 +48,7 @@ def sqlite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         env = clean_env(**stack.env)
         subprocess.run([sys.executable, "-m", "tasks.cli", "db", "upgrade"], env=env,
                        check=True, cwd=str(ROOT), capture_output=True)
-        os.environ.update(stack.env)  # the gateway child reads them from here too
-        try:
-            stack.start_gateway()
-        finally:
-            for name in stack.env:
-                os.environ.pop(name, None)
+        stack.start_gateway()
         stack.start_celery("worker", "--concurrency=2")
         yield env
     finally:

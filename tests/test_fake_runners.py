@@ -46,13 +46,13 @@ def hosted(pg_url: str, gateway: Gateway) -> Iterator[Path]:
 def test_hundreds_of_detached_runs_on_one_worker(hosted: Path) -> None:
     org = f"fake-{uuid.uuid4().hex[:8]}"
     capacity.set_limit(org, 500)
-    n = 120
-    handles = [tasks.submit_run(NOOP, input={"fake": {"seconds": 20, "progress": 2,
+    n = 60
+    handles = [tasks.submit_run(NOOP, input={"fake": {"seconds": 45, "progress": 2,
                                                       "output": {"i": i}}}, org_id=org)
                for i in range(n)]
     # All of them are running at once, on a worker with two slots.
     eventually(lambda: all(tasks.get_run(h.id).status == "running" for h in handles),
-               timeout=90, what="all of them running together")
+               timeout=40, what="all of them running together")
     results = [h.wait(timeout=120) for h in handles]
     assert [(r.status, r.output) for r in results] == [
         ("succeeded", {"i": i}) for i in range(n)]

@@ -1,8 +1,13 @@
 """The first process of a local sandbox: limits, starts and times one child, records its exit.
 
-Standard library only: the local provider copies this file into each sandbox and runs it as
-``python -I <sandbox>/.playrun/supervisor.py <sandbox>``. The provider also imports the /proc
-helpers below so process-tree handling lives in one place.
+Standard library only: the local provider copies this file into the sandbox's control
+directory (outside the sandbox) and runs it as ``python -I <control>/supervisor.py <control>
+<sandbox>``, handing it the exec config (argv, env, limits) on stdin, so the env and its
+token are never written to disk. In `process` isolation it runs inside the sandbox's PID
+namespace (or as a subreaper) on the host filesystem; in `strict` isolation it stays on the
+host and runs the child under bubblewrap, so nothing the play does can touch its timer, its
+records or its console log. The provider also imports the /proc helpers below so
+process-tree handling lives in one place.
 """
 
 from __future__ import annotations
@@ -14,15 +19,19 @@ import os
 import resource
 import select
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+# The provider's files once lived in this directory inside the sandbox; the name stays
+# reserved (read_file maps it onto the control directory) and legacy sandboxes use it.
 CONTROL_DIR = ".playrun"
-EXEC_FILE = "exec.json"
+EXEC_FILE = "exec.json"  # legacy: the config is handed over stdin now
 EXIT_FILE = "exit.json"
+NS_FILE = "ns.json"
 CONSOLE_FILE = "console.log"
 CONSOLE_MAX_BYTES = 1024 * 1024
 NOFILE_LIMIT = 256
@@ -87,15 +96,20 @@ def subtree(roots: Iterable[int], table: dict[int, int]) -> set[int]:
     return found
 
 
-def processes_matching(cmdline_part: str, environ_entry: bytes) -> set[int]:
-    """Pids with an argument containing cmdline_part, or exactly environ_entry in their
-    initial environment."""
+def processes_matching(
+    cmdline_part: str, environ_entry: bytes, argv0: str | None = None
+) -> set[int]:
+    """Pids with an argument containing cmdline_part, argv[0] equal to argv0, or exactly
+    environ_entry in their initial environment."""
     found: set[int] = set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        if any(cmdline_part in arg for arg in read_cmdline(pid)):
+        cmdline = read_cmdline(pid)
+        if any(cmdline_part in arg for arg in cmdline) or (
+            argv0 is not None and cmdline[:1] == [argv0]
+        ):
             found.add(pid)
             continue
         try:
@@ -159,7 +173,159 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.close(dfd)
 
 
+def pidns_of(pid: int) -> int | None:
+    """Inode of a process's PID namespace (needs ptrace-read access to it), or None."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def processes_in_pidns(inode: int) -> set[int]:
+    """Every visible pid whose PID namespace is `inode`: a play cannot leave its namespace."""
+    found: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and pidns_of(int(entry.name)) == inode:
+            found.add(int(entry.name))
+    return found
+
+
+# --- strict isolation: the bubblewrap command line ---------------------------------------
+
+BWRAP_MARK = "playrun-sandbox:"  # argv[0] of bwrap (and of the namespace's init)
+SANDBOX_DEST = "/sandbox"
+GATEWAY_DEST = "/run/playrun"
+INNER_UID = 1000
+INNER_GID = 1000
+# In the supervisor's private mount namespace (root only), the binds' sources are mounted
+# under STAGE so the unprivileged uid that runs bwrap can reach them (e.g. under /root).
+STAGE = "/tmp"
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+# Run inside the sandbox before the command: the process limit is set from within the
+# sandbox's user namespace, so it counts only this sandbox's processes.
+NPROC_PRELUDE = (
+    "import os,resource,sys;n=int(sys.argv[1]);"
+    "resource.setrlimit(resource.RLIMIT_NPROC,(n,n));os.execvp(sys.argv[2],sys.argv[2:])"
+)
+INFO_WAIT_S = 10.0
+
+
+def bwrap_command(
+    strict: dict[str, Any],
+    command: list[str],
+    *,
+    info_fd: int | None = None,
+    block_fd: int | None = None,
+) -> list[str]:
+    """bwrap's argv (argv[0] is the marker; exec the `bwrap` path from the config).
+
+    `strict` holds what the provider resolved: system read-only binds and symlinks,
+    `binds` (sandbox dir, Python, gateway dir: staged when `run_as` is set), paths to
+    hide under empty tmpfs (site-packages), `share_net`, `tmp_bytes` and `sandbox_id`.
+    """
+    staged = strict.get("run_as") is not None
+    args = [
+        BWRAP_MARK + str(strict["sandbox_id"]),
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--new-session",
+        "--cap-drop", "ALL",
+        "--uid", str(INNER_UID),
+        "--gid", str(INNER_GID),
+        "--hostname", "sandbox",
+    ]
+    if strict.get("share_net"):
+        args.append("--share-net")
+    for src, dest in strict.get("system", []):
+        args += ["--ro-bind", str(src), str(dest)]
+    for target, link in strict.get("symlinks", []):
+        args += ["--symlink", str(target), str(link)]
+    for i, bind in enumerate(strict.get("binds", [])):
+        src = f"{STAGE}/{i}" if staged else str(bind["src"])
+        args += ["--bind" if bind.get("rw") else "--ro-bind", src, str(bind["dest"])]
+    for path in strict.get("masks", []):
+        args += ["--perms", "0555", "--size", "4096", "--tmpfs", str(path)]
+    tmp = str(int(strict.get("tmp_bytes", 64 << 20)))
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--size", tmp, "--tmpfs", "/tmp", "--size", tmp, "--tmpfs", "/dev/shm"]
+    # Only the sandbox directory (and the size-capped /tmp, /dev/shm) stays writable.
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_DEST]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
+    if block_fd is not None:
+        args += ["--block-fd", str(block_fd)]
+    return [*args, "--", *command]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def stage_and_drop(binds: list[dict[str, Any]], uid: int, gid: int) -> Any:
+    """A preexec_fn (root only): mount the binds' sources under STAGE in a private mount
+    namespace, then become `uid`/`gid` for good. Single-threaded callers only."""
+
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private /")
+            # Opened in this namespace, before STAGE is covered (a source may be under it).
+            fds = [os.open(str(b["src"]), os.O_PATH | os.O_CLOEXEC) for b in binds]
+            _check(
+                libc.mount(b"tmpfs", STAGE.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                           b"mode=0755,size=64k"),
+                f"tmpfs on {STAGE}",
+            )
+            for i, fd in enumerate(fds):
+                target = f"{STAGE}/{i}"
+                os.mkdir(target, 0o755)
+                source = f"/proc/self/fd/{fd}".encode()
+                _check(libc.mount(source, target.encode(), None, MS_BIND | MS_REC, None),
+                       f"bind {binds[i]['src']}")
+                os.close(fd)
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        except BaseException as exc:
+            os.write(2, f"supervisor: cannot prepare the sandbox: {exc}\n".encode())
+            raise
+
+    return preexec
+
+
+def read_info(fd: int, within: float = INFO_WAIT_S) -> dict[str, Any] | None:
+    """bwrap's --info-fd document (written once its namespaces exist), or None at EOF."""
+    data = b""
+    deadline = time.monotonic() + within
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+        if data.rstrip().endswith(b"}"):
+            try:
+                value = json.loads(data)
+            except ValueError:
+                continue
+            return value if isinstance(value, dict) else None
+    return None
+
+
 # --- the supervisor itself -------------------------------------------------------------
+
+DISK_CHECK_S = 0.5
+DISK_MAX_ENTRIES = 100_000
 
 
 def _apply_limits(config: dict[str, Any], timeout_s: float) -> None:
@@ -207,7 +373,7 @@ class _Console:
         os.close(self.fd)
 
 
-def _spawn(argv: list[str], out_fd: int) -> int:
+def _spawn(argv: list[str], out_fd: int, env: dict[str, str]) -> int:
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
         (os.POSIX_SPAWN_DUP2, out_fd, 1),
@@ -217,7 +383,7 @@ def _spawn(argv: list[str], out_fd: int) -> int:
     return os.posix_spawnp(
         argv[0],
         argv,
-        dict(os.environ),
+        env,
         file_actions=actions,
         setsid=True,
         setsigmask=(),
@@ -225,13 +391,120 @@ def _spawn(argv: list[str], out_fd: int) -> int:
     )
 
 
-def supervise(sandbox: Path) -> int:
-    control = sandbox / CONTROL_DIR
-    config = json.loads((control / EXEC_FILE).read_text())
+class _Strict:
+    """The bwrap child of a strict sandbox and its PID namespace's init (outer pid)."""
+
+    def __init__(self, strict: dict[str, Any], argv: list[str], env: dict[str, str],
+                 out_fd: int, control: Path) -> None:
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        command = [*strict.get("prefix", []), *argv]
+        run_as = strict.get("run_as")
+        preexec = None
+        if run_as is not None:
+            preexec = stage_and_drop(list(strict.get("binds", [])), int(run_as[0]),
+                                     int(run_as[1]))
+        try:
+            proc = subprocess.Popen(
+                bwrap_command(strict, command, info_fd=info_w, block_fd=block_r),
+                executable=str(strict["bwrap"]),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_fd,
+                stderr=out_fd,
+                pass_fds=(info_w, block_r),
+                preexec_fn=preexec,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            os.close(info_w)
+            os.close(block_r)
+        self.pid = proc.pid
+        self.init_pid: int | None = None
+        self.init_start: int | None = None
+        try:
+            info = read_info(info_r)
+            if info is None or not isinstance(info.get("child-pid"), int):
+                return  # bwrap failed before its namespaces existed; its exit says why
+            self.init_pid = int(info["child-pid"])
+            stat = read_stat(self.init_pid)
+            self.init_start = stat[3] if stat else None
+            record = {
+                "init_pid": self.init_pid,
+                "init_starttime": self.init_start,
+                "pidns": info.get("pid-namespace") or pidns_of(self.init_pid),
+                "bwrap_pid": self.pid,
+            }
+            write_atomic(control / NS_FILE, json.dumps(record).encode())
+            os.write(block_w, b"1")  # recorded: now let the command start
+        finally:
+            os.close(info_r)
+            os.close(block_w)
+
+    def kill(self) -> None:
+        """SIGKILL the namespace's init (the kernel then kills everything in it), and bwrap."""
+        if self.init_pid is not None:
+            stat = read_stat(self.init_pid)
+            if stat is not None and stat[3] == self.init_start:
+                _signal(self.init_pid, signal.SIGKILL)
+        kill_tree([self.pid])
+
+
+def _read_config(control: Path) -> dict[str, Any]:
+    data = sys.stdin.buffer.read()
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    if not data:  # a legacy sandbox: the config was written next to us
+        data = (control / EXEC_FILE).read_bytes()
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise ValueError("the exec config is not an object")
+    return value
+
+
+def disk_usage(path: Path, max_entries: int = DISK_MAX_ENTRIES) -> tuple[int, int]:
+    """(bytes allocated, entries seen) under path, without following symlinks; stops
+    counting entries at max_entries."""
+    total, entries = 0, 0
+    stack = [str(path)]
+    while stack and entries <= max_entries:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                for entry in it:
+                    entries += 1
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += info.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total, entries
+
+
+def _exit_code(status: int, strict: bool) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    # bwrap reports a command killed by signal N as 128 + N.
+    if strict and 128 < code < 128 + 65:
+        return -(code - 128)
+    return code
+
+
+def supervise(control: Path, sandbox: Path) -> int:
+    config = _read_config(control)
     argv = [str(part) for part in config["argv"]]
+    env = {str(k): str(v) for k, v in dict(config.get("env") or os.environ).items()}
     timeout_s = float(config["timeout_s"])
+    dir_cap = config.get("max_dir_mb")
+    cap_bytes = int(dir_cap) * 1024 * 1024 if dir_cap is not None else None
+    strict_cfg = config.get("strict")
     _apply_limits(config, timeout_s)
-    if os.getpid() != 1:
+    if strict_cfg is None and os.getpid() != 1:
         # Orphaned grandchildren (even setsid ones) reparent to us, so we can still kill them.
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -245,14 +518,27 @@ def supervise(sandbox: Path) -> int:
 
     deadline = time.monotonic() + timeout_s
     timed_out = False
+    limit: str | None = None
     exit_code: int | None = None
+    strict: _Strict | None = None
     try:
-        child = _spawn(argv, write_fd)
-    except OSError as exc:
+        if strict_cfg is not None:
+            strict = _Strict(strict_cfg, argv, env, write_fd, control)
+            child = strict.pid
+        else:
+            child = _spawn(argv, write_fd, env)
+    except (OSError, subprocess.SubprocessError) as exc:
         console.feed(f"supervisor: cannot start {argv[0]!r}: {exc}\n".encode())
         exit_code, child = SPAWN_FAILED_EXIT, -1
     os.close(write_fd)
 
+    def stop() -> None:
+        if strict is not None:
+            strict.kill()
+        else:
+            kill_tree([child])
+
+    next_disk = time.monotonic() + DISK_CHECK_S
     open_fds = [read_fd, wake_r]
     while exit_code is None:
         # Reap everything: as subreaper / pid 1 we inherit the play's orphans.
@@ -264,15 +550,27 @@ def supervise(sandbox: Path) -> int:
             if pid == 0:
                 break
             if pid == child:
-                exit_code = os.waitstatus_to_exitcode(status)
+                exit_code = _exit_code(status, strict is not None)
         if exit_code is not None:
             break
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0 and not timed_out:
             timed_out = True
-            kill_tree([child])
+            stop()
+        if cap_bytes is not None and limit is None and now >= next_disk:
+            next_disk = now + DISK_CHECK_S
+            used, entries = disk_usage(sandbox)
+            if used > cap_bytes or entries > DISK_MAX_ENTRIES:
+                limit = "disk"
+                console.feed(
+                    f"supervisor: the sandbox holds {used >> 20} MB in {entries} entries, "
+                    f"over its cap of {int(dir_cap or 0)} MB or {DISK_MAX_ENTRIES} entries; "
+                    "stopped\n".encode()
+                )
+                stop()
         # SIGCHLD wakes the select through the wakeup fd; the cap only bounds clock drift.
-        wait = 1.0 if timed_out else min(max(remaining, 0.0), 1.0)
+        wait = 1.0 if timed_out or limit else min(max(remaining, 0.0), DISK_CHECK_S)
         ready, _, _ = select.select(open_fds, [], [], wait)
         for fd in ready:
             data = os.read(fd, 65536)
@@ -282,6 +580,8 @@ def supervise(sandbox: Path) -> int:
                     open_fds.remove(read_fd)
 
     # The play ended: nothing it started may outlive it.
+    if strict is not None:
+        strict.kill()
     kill_tree(subtree([os.getpid()], process_table()) - {os.getpid()})
     if read_fd in open_fds:
         drain_until = time.monotonic() + 0.5
@@ -293,10 +593,17 @@ def supervise(sandbox: Path) -> int:
                     break
                 console.feed(data)
     console.close()
-    record = {"exit_code": exit_code, "timed_out": timed_out, "finished_at": time.time()}
+    record = {
+        "exit_code": exit_code,
+        "timed_out": timed_out,
+        "limit": limit,
+        "finished_at": time.time(),
+    }
     write_atomic(control / EXIT_FILE, json.dumps(record).encode())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(supervise(Path(sys.argv[1])))
+    if len(sys.argv) == 2:  # legacy layout: <sandbox>, control inside it
+        sys.exit(supervise(Path(sys.argv[1]) / CONTROL_DIR, Path(sys.argv[1])))
+    sys.exit(supervise(Path(sys.argv[1]), Path(sys.argv[2])))

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     sandbox_max_processes: int = Field(default=128, gt=0)
     # Disk a sandbox's directory may use in all; past it the sandbox is stopped.
     sandbox_max_dir_mb: int = Field(default=512, gt=0)
+    # A cgroup v2 directory delegated to playrun for per-sandbox memory/pids/cpu limits;
+    # unset: /sys/fs/cgroup/playrun when running as root on a cgroup v2 host, else none.
+    sandbox_cgroup: Path | None = None
+    sandbox_cpus: float = Field(default=1.0, gt=0)
     org_capacity: int = Field(default=10, ge=0)
     capacity_mode: Literal["enforce", "observe"] = "enforce"
     # In `enforce`, a full org fails the run, or with `defer` waits through the bounded deferral.

@@ -399,3 +399,58 @@ def test_get_provider() -> None:
     assert get_provider("fake", Path("/tmp/x")).name == "fake"
     with pytest.raises(ConfigurationError):
         get_provider("daytona-typo", Path("/tmp/x"))
+
+
+def test_cgroup_v2_limits_are_probed_and_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a stand-in cgroup v2 tree: the probe enables the controllers, the supervisor's
+    helpers write the limits and move the namespace's init in (this machine has no v2)."""
+    from tasks.sandbox import local as local_mod
+    from tasks.settings import Settings
+
+    fake = tmp_path / "cgroup"
+    fake.mkdir()
+    (fake / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (fake / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(local_mod, "CGROUP_ROOT", fake)
+    monkeypatch.setattr(local_mod, "_cgroups", {})
+    delegated = fake / "delegated"
+    delegated.mkdir()
+    (delegated / "cgroup.controllers").write_text("cpu memory\n")
+    (delegated / "cgroup.subtree_control").write_text("")
+    base, said = local_mod.cgroup_base(Settings(sandbox_cgroup=delegated))
+    assert base is None and "['pids'] not available" in said
+    (delegated / "cgroup.controllers").write_text("cpu memory pids\n")
+    monkeypatch.setattr(local_mod, "_cgroups", {})
+    base, said = local_mod.cgroup_base(Settings(sandbox_cgroup=delegated))
+    assert base == delegated and "pids.max" in said
+    assert (delegated / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    limits = sup.cgroup_limits(256, 32, 0.5)
+    assert limits == {"memory.max": str(256 << 20), "memory.swap.max": "0",
+                      "pids.max": "32", "cpu.max": "50000 100000"}
+    applied = sup.cgroup_enter(base / "lsb-0123456789abcdef", limits, 4242)
+    assert applied == list(limits)
+    assert (base / "lsb-0123456789abcdef" / "cgroup.procs").read_text() == "4242"
+    assert (base / "lsb-0123456789abcdef" / "pids.max").read_text() == "32"
+    # Not root and nothing delegated: not applied, and said so.
+    monkeypatch.setattr(local_mod, "_cgroups", {})
+    monkeypatch.setattr(local_mod.os, "geteuid", lambda: 1000)
+    assert local_mod.cgroup_base(Settings())[0] is None
+
+
+def test_legacy_sandboxes_with_their_records_inside_are_listed_and_deleted(
+    tmp_path: Path,
+) -> None:
+    """Sandboxes made before the control records moved out keep working through an upgrade."""
+    prov = LocalProvider(tmp_path / "sandboxes", isolation="process")
+    sid = "lsb-0123456789abcdef"
+    legacy = prov.root / sid / ".playrun"
+    legacy.mkdir(parents=True)
+    (legacy / "meta.json").write_text(json.dumps({"labels": {"playrun": "1"},
+                                                  "created_at": 1.0}))
+    (legacy / "exit.json").write_text(json.dumps({"exit_code": 3, "timed_out": False}))
+    assert [r.sandbox_id for r in prov.list({"playrun": "1"})] == [sid]
+    assert prov.poll(sid) == ProcessStatus("exited", 3, False)
+    prov.delete(sid)
+    assert prov.list({}) == [] and not (prov.root / sid).exists()

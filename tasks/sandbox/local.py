@@ -214,6 +214,7 @@ def strict_config(
     gateway_dir: Path | None,
     max_processes: int,
     tmp_mb: int,
+    memory_mb: int | None = None,
 ) -> dict[str, Any]:
     """The `strict` part of the supervisor's config: everything bwrap needs, resolved."""
     layout = host_layout()
@@ -233,7 +234,7 @@ def strict_config(
         prefix = [layout.prlimit, f"--nproc={max_processes}", "--"]
     else:
         prefix = [layout.python, "-I", "-S", "-c", sup.NPROC_PRELUDE, str(max_processes)]
-    return {
+    config: dict[str, Any] = {
         "bwrap": bwrap,
         "sandbox_id": sandbox_id,
         "system": [list(pair) for pair in layout.system],
@@ -244,7 +245,15 @@ def strict_config(
         "tmp_bytes": tmp_mb * 1024 * 1024,
         "run_as": [settings.sandbox_uid, settings.sandbox_gid] if os.geteuid() == 0 else None,
         "prefix": prefix,
+        "cgroup": None,
     }
+    base = cgroup_base(settings)[0] if memory_mb is not None else None
+    if base is not None and memory_mb is not None:
+        config["cgroup"] = {
+            "path": str(base / sandbox_id),
+            "limits": sup.cgroup_limits(memory_mb, max_processes, settings.sandbox_cpus),
+        }
+    return config
 
 
 _probe_lock = threading.Lock()
@@ -364,11 +373,12 @@ def check_isolation(settings: Settings | None = None) -> str:
         log.info(
             "sandbox isolation: strict (bubblewrap: user/mount/pid/ipc/uts/net namespaces, "
             "network %s, %s; rlimits: as %d MB, fsize %d MB, nproc %d; dir cap %d MB; "
-            "cgroup v2 limits: not applied, %s)",
+            "cgroup v2 limits: %s)",
             "shared" if settings.sandbox_network else "none but the gateway socket",
             f"host uid {settings.sandbox_uid}" if os.geteuid() == 0 else "the worker's uid",
             settings.sandbox_memory_mb, settings.sandbox_max_file_mb,
-            settings.sandbox_max_processes, settings.sandbox_max_dir_mb, cgroup_v2_status(),
+            settings.sandbox_max_processes, settings.sandbox_max_dir_mb,
+            cgroup_base(settings)[1],
         )
     else:
         why = "" if settings.sandbox_isolation == "process" else (
@@ -378,18 +388,49 @@ def check_isolation(settings: Settings | None = None) -> str:
     return mode
 
 
-def cgroup_v2_status() -> str:
-    """Why cgroup v2 limits are not applied here (they are not implemented beyond this
-    probe: see docs/design.md)."""
-    controllers = Path("/sys/fs/cgroup/cgroup.controllers")
-    try:
-        found = set(controllers.read_text().split())
-    except OSError:
-        return "no unified cgroup v2 hierarchy at /sys/fs/cgroup"
-    missing = {"memory", "pids", "cpu"} - found
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_CONTROLLERS = ("cpu", "memory", "pids")
+_cgroups: dict[tuple[str, int], tuple[Path | None, str]] = {}
+
+
+def _enable_controllers(directory: Path) -> None:
+    available = set((directory / "cgroup.controllers").read_text().split())
+    missing = set(CGROUP_CONTROLLERS) - available
     if missing:
-        return f"cgroup v2 lacks controllers {sorted(missing)}"
-    return "cgroup v2 present but not delegated to playrun"
+        raise OSError(f"controllers {sorted(missing)} not available in {directory}")
+    enabled = set((directory / "cgroup.subtree_control").read_text().split())
+    wanted = [f"+{c}" for c in CGROUP_CONTROLLERS if c not in enabled]
+    if wanted:
+        (directory / "cgroup.subtree_control").write_text(" ".join(wanted))
+
+
+def cgroup_base(settings: Settings) -> tuple[Path | None, str]:
+    """(the cgroup v2 directory sandboxes' cgroups go under, or None; what that means).
+    Probed once per process: needs a unified hierarchy with the cpu, memory and pids
+    controllers, and either root or a delegated PLAYRUN_SANDBOX_CGROUP."""
+    key = (str(settings.sandbox_cgroup), os.geteuid())
+    if key in _cgroups:
+        return _cgroups[key]
+    result: tuple[Path | None, str]
+    if not (CGROUP_ROOT / "cgroup.controllers").is_file():
+        result = (None, f"not applied: no unified cgroup v2 hierarchy at {CGROUP_ROOT}")
+    elif settings.sandbox_cgroup is None and os.geteuid() != 0:
+        result = (None, "not applied: not root and PLAYRUN_SANDBOX_CGROUP is unset")
+    else:
+        base = Path(settings.sandbox_cgroup or CGROUP_ROOT / "playrun")
+        try:
+            if settings.sandbox_cgroup is None:
+                _enable_controllers(CGROUP_ROOT)
+            base.mkdir(exist_ok=True)
+            _enable_controllers(base)
+            trial = base / f"probe-{os.getpid()}"
+            trial.mkdir(exist_ok=True)
+            trial.rmdir()
+            result = (base, f"memory.max, pids.max, cpu.max per sandbox under {base}")
+        except OSError as exc:
+            result = (None, f"not applied: cgroup v2 at {base} is not usable: {exc}")
+    _cgroups[key] = result
+    return result
 
 
 # --- the provider -------------------------------------------------------------------------
@@ -579,6 +620,7 @@ class LocalProvider:
             config["strict"] = strict_config(
                 settings, sandbox_id, path, gateway_dir,
                 int(meta.get("max_processes") or settings.sandbox_max_processes), max_file_mb,
+                int(meta.get("memory_mb", 1024)),
             )
         else:
             use_ns = self._pid_namespace is not False
@@ -745,6 +787,9 @@ class LocalProvider:
             return
         control = self._control(sandbox_id) or self.control_root / sandbox_id
         ns = self._read_json(control / sup.NS_FILE) or {}
+        cgroup = Path(ns["cgroup"]) if isinstance(ns.get("cgroup"), str) else None
+        if cgroup is not None:
+            sup.cgroup_kill(cgroup)
         init = ns.get("init_pid")
         if isinstance(init, int):
             stat_ = sup.read_stat(init)
@@ -758,6 +803,8 @@ class LocalProvider:
             _reap_children()
             survivors = {pid for pid in killed if sup.is_live(pid)}
             if not survivors:
+                if cgroup is not None:
+                    sup.cgroup_kill(cgroup)  # now empty: removed
                 return
             if time.monotonic() >= deadline:
                 raise ProviderError(f"sandbox {sandbox_id}: pids {sorted(survivors)} survived")

@@ -328,6 +328,45 @@ def read_info(fd: int, within: float = INFO_WAIT_S) -> dict[str, Any] | None:
     return None
 
 
+# --- cgroup v2 (where a delegated hierarchy is available) -------------------------------
+
+CGROUP_CPU_PERIOD_US = 100_000
+
+
+def cgroup_limits(memory_mb: int, max_processes: int, cpus: float) -> dict[str, str]:
+    """The interface files a sandbox's cgroup gets: total memory (no swap), processes, CPU."""
+    return {
+        "memory.max": str(int(memory_mb) * 1024 * 1024),
+        "memory.swap.max": "0",
+        "pids.max": str(int(max_processes)),
+        "cpu.max": f"{int(cpus * CGROUP_CPU_PERIOD_US)} {CGROUP_CPU_PERIOD_US}",
+    }
+
+
+def cgroup_enter(path: Path, limits: dict[str, str], pid: int) -> list[str]:
+    """Create the sandbox's cgroup, write its limits, move `pid` in (its children follow).
+    Returns the limits applied; raises OSError if the cgroup cannot hold the process."""
+    path.mkdir(mode=0o755, exist_ok=True)
+    applied = []
+    for name, value in limits.items():
+        try:
+            (path / name).write_text(value)
+            applied.append(name)
+        except OSError:
+            if name != "memory.swap.max":  # absent without swap accounting: fine
+                raise
+    (path / "cgroup.procs").write_text(str(pid))
+    return applied
+
+
+def cgroup_kill(path: Path) -> None:
+    """Kill everything in the cgroup (cgroup.kill, Linux 5.14+) and remove it if empty."""
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
 # --- the supervisor itself -------------------------------------------------------------
 
 # The directory's size is checked this often at most; a walk that takes longer spaces the
@@ -403,6 +442,8 @@ def _spawn(argv: list[str], out_fd: int, env: dict[str, str]) -> int:
 class _Strict:
     """The bwrap child of a strict sandbox and its PID namespace's init (outer pid)."""
 
+    cgroup: Path | None
+
     def __init__(self, strict: dict[str, Any], argv: list[str], env: dict[str, str],
                  out_fd: int, control: Path, limits: Any) -> None:
         info_r, info_w = os.pipe()
@@ -428,6 +469,7 @@ class _Strict:
             os.close(info_w)
             os.close(block_r)
         self.pid = proc.pid
+        self.cgroup = None
         self.init_pid: int | None = None
         self.init_start: int | None = None
         try:
@@ -437,11 +479,21 @@ class _Strict:
             self.init_pid = int(info["child-pid"])
             stat = read_stat(self.init_pid)
             self.init_start = stat[3] if stat else None
+            cgroup = strict.get("cgroup")
+            if cgroup:
+                try:
+                    applied = cgroup_enter(Path(cgroup["path"]), dict(cgroup["limits"]),
+                                           self.init_pid)
+                    self.cgroup = Path(cgroup["path"])
+                    os.write(out_fd, f"supervisor: cgroup {', '.join(applied)}\n".encode())
+                except OSError as exc:
+                    os.write(out_fd, f"supervisor: no cgroup limits: {exc}\n".encode())
             record = {
                 "init_pid": self.init_pid,
                 "init_starttime": self.init_start,
                 "pidns": info.get("pid-namespace") or pidns_of(self.init_pid),
                 "bwrap_pid": self.pid,
+                "cgroup": str(self.cgroup) if self.cgroup else None,
             }
             write_atomic(control / NS_FILE, json.dumps(record).encode())
             os.write(block_w, b"1")  # recorded: now let the command start
@@ -455,6 +507,8 @@ class _Strict:
             stat = read_stat(self.init_pid)
             if stat is not None and stat[3] == self.init_start:
                 _signal(self.init_pid, signal.SIGKILL)
+        if self.cgroup is not None:
+            cgroup_kill(self.cgroup)
         kill_tree([self.pid])
 
 

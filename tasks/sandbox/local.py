@@ -773,11 +773,13 @@ class LocalProvider:
                 if stat_ is not None and stat_[3] == record.get(start_key):
                     found.add(pid)
         pidns = (self._read_json(control / sup.NS_FILE) or {}).get("pidns")
-        if isinstance(pidns, int):
-            found |= sup.processes_in_pidns(pidns)
-        marker = str(control / SUPERVISOR_FILE)
-        found |= sup.processes_matching(marker, b"HOME=" + os.fsencode(path),
-                                        sup.BWRAP_MARK + sandbox_id)
+        strict = (self._read_json(control / META_FILE) or {}).get("isolation") == "strict"
+        found |= sup.find_processes(
+            str(control / SUPERVISOR_FILE),
+            sup.BWRAP_MARK + sandbox_id,
+            None if strict else b"HOME=" + os.fsencode(path),
+            pidns if isinstance(pidns, int) else None,
+        )
         return found
 
     def kill(self, sandbox_id: str) -> None:

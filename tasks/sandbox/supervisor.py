@@ -134,6 +134,8 @@ def kill_tree(roots: Iterable[int]) -> set[int]:
     """
     roots = [pid for pid in roots if pid > 1 and pid != os.getpid()]
     stopped: set[int] = set()
+    if not roots:
+        return stopped
     for _ in range(64):
         tree = subtree(roots, process_table()) - {os.getpid()}
         new = tree - stopped
@@ -179,6 +181,34 @@ def pidns_of(pid: int) -> int | None:
         return os.stat(f"/proc/{pid}/ns/pid").st_ino
     except OSError:
         return None
+
+
+def find_processes(
+    cmdline_part: str, argv0: str, environ_entry: bytes | None, pidns: int | None
+) -> set[int]:
+    """One pass over /proc: pids with an argument containing cmdline_part, argv[0] equal to
+    argv0, in PID namespace `pidns`, or (when given) exactly environ_entry in their
+    initial environment (the costly check, so last)."""
+    found: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pidns is not None and pidns_of(pid) == pidns:
+            found.add(pid)
+            continue
+        cmdline = read_cmdline(pid)
+        if cmdline[:1] == [argv0] or any(cmdline_part in arg for arg in cmdline):
+            found.add(pid)
+            continue
+        if environ_entry is not None:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if environ_entry in environ.split(b"\0"):
+                found.add(pid)
+    return found
 
 
 def processes_in_pidns(inode: int) -> set[int]:

@@ -164,7 +164,7 @@ def test_files_outside_the_sandbox_are_out_of_reach(strict_worker: Worker,
     site_file = Path(tasks.__file__)  # the project, as installed in the venv
     read = [str(SANDBOX_ROOT), str(db), str(ROOT / "tasks" / "settings.py"),
             str(ROOT / "pyproject.toml"), str(site_file), str(Path.home() / ".bash_history"),
-            "/etc/shadow", "/etc/passwd", str(ROOT / ".venv" / "pyvenv.cfg")]
+            "/etc/shadow", "/etc/hosts", str(ROOT / ".venv" / "pyvenv.cfg")]
     write = [str(SANDBOX_ROOT / "evil"), str(db), str(ROOT / "evil"), str(tmp_path / "evil"),
              "/usr/evil", "/etc/evil", "/evil", "/run/playrun/evil", "/dev/evil",
              str(venv_file.parent / "evil.py")]
@@ -221,8 +221,11 @@ def test_mounts_clock_signals_and_ptrace_are_refused(strict_worker: Worker) -> N
     for what, value in out.items():
         if what != "date -s":
             assert refused(value), (what, value)
-    assert out["kill the worker"] == "refused: ESRCH"
-    assert out["ptrace the worker"] == "refused: ESRCH"
+    assert out["kill the worker"] == "refused: ESRCH"  # not in its PID namespace
+    # ptrace and the kernel's riskier interfaces are filtered out (seccomp) altogether.
+    for call in ("ptrace the worker", "ptrace its own child", "io_uring_setup", "bpf",
+                 "userfaultfd", "keyctl", "perf_event_open"):
+        assert out[call] == "refused: EPERM", (call, out[call])
     assert abs(time.time() - before) < 120 and strict_worker.proc.poll() is None
 
 
@@ -321,7 +324,8 @@ def test_a_sandbox_cannot_see_another_sandbox_or_its_token(tmp_path: Path) -> No
 
 def test_the_gateway_socket_env_points_inside_the_sandbox(tmp_path: Path) -> None:
     prov = LocalProvider(tmp_path / "sb", isolation="strict")
-    src = b"import os\ndef run(ctx, input):\n    return dict(os.environ)\n"
+    src = (b"import getpass, os\ndef run(ctx, input):\n"
+           b"    return dict(os.environ, USER_IS=getpass.getuser(), UID=str(os.getuid()))\n")
     sid = _sandbox(prov, src, None)
     socket_path = tmp_path / "gw" / "gateway.sock"
     prov.exec_detached(sid, ["{python}", "runner.py", "--timeout", "20"], env={
@@ -336,6 +340,7 @@ def test_the_gateway_socket_env_points_inside_the_sandbox(tmp_path: Path) -> Non
     assert env["PLAYRUN_GATEWAY_SOCKET"] == "/run/playrun/gateway.sock"
     assert env["PLAYRUN_GATEWAY_URL"] == "http://127.0.0.1:8765"
     assert env["HOME"] == "/sandbox"
+    assert (env["USER_IS"], env["UID"]) == ("sandbox", "1000")
     # The play's files belong to the unprivileged host uid, and the worker still reads them.
     if os.geteuid() == 0:
         assert (prov.root / sid / "result.json").stat().st_uid == get_settings().sandbox_uid

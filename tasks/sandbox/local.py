@@ -773,6 +773,8 @@ class LocalProvider:
                 if stat_ is not None and stat_[3] == record.get(start_key):
                     found.add(pid)
         pidns = (self._read_json(control / sup.NS_FILE) or {}).get("pidns")
+        if pidns in (sup.pidns_of(os.getpid()), sup.pidns_of(1)):
+            pidns = None  # never our own namespace, whatever the record says
         strict = (self._read_json(control / META_FILE) or {}).get("isolation") == "strict"
         found |= sup.find_processes(
             str(control / SUPERVISOR_FILE),

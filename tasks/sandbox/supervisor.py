@@ -19,6 +19,7 @@ import os
 import resource
 import select
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -247,6 +248,9 @@ def bwrap_command(
     *,
     info_fd: int | None = None,
     block_fd: int | None = None,
+    seccomp_fd: int | None = None,
+    passwd_fd: int | None = None,
+    group_fd: int | None = None,
 ) -> list[str]:
     """bwrap's argv (argv[0] is the marker; exec the `bwrap` path from the config).
 
@@ -281,12 +285,79 @@ def bwrap_command(
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--size", tmp, "--tmpfs", "/tmp", "--size", tmp, "--tmpfs", "/dev/shm"]
     # Only the sandbox directory (and the size-capped /tmp, /dev/shm) stays writable.
-    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_DEST]
+    args += ["--remount-ro", "/dev"]
+    if passwd_fd is not None and group_fd is not None:
+        # Who uid 1000 is, for getpass/pwd users; written before / turns read-only.
+        args += ["--perms", "0644", "--file", str(passwd_fd), "/etc/passwd",
+                 "--perms", "0644", "--file", str(group_fd), "/etc/group"]
+    args += ["--remount-ro", "/", "--chdir", SANDBOX_DEST]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
     if block_fd is not None:
         args += ["--block-fd", str(block_fd)]
     return [*args, "--", *command]
+
+
+# Syscalls a play never needs that widen the kernel surface it can reach (exploit
+# favourites: io_uring, bpf, userfaultfd, perf, keys) or reach other processes (ptrace,
+# process_vm_*, pidfd_getfd, kcmp); they fail with EPERM. x86_64 numbers only: on other
+# architectures no filter is installed (said at start-up).
+AUDIT_ARCH_X86_64 = 0xC000003E
+X32_SYSCALL_BIT = 0x40000000
+DENIED_SYSCALLS_X86_64 = {
+    "ptrace": 101, "syslog": 103, "pivot_root": 155, "acct": 163, "mount": 165,
+    "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "init_module": 175,
+    "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212, "kexec_load": 246,
+    "add_key": 248, "request_key": 249, "keyctl": 250, "perf_event_open": 298,
+    "fanotify_init": 300, "name_to_handle_at": 303, "open_by_handle_at": 304,
+    "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
+    "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
+    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438,
+    "mount_setattr": 442,
+}
+
+
+def seccomp_program() -> bytes | None:
+    """A classic BPF seccomp filter for bwrap --seccomp, or None off x86_64."""
+    if os.uname().machine != "x86_64":
+        return None
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, errno_ret = 0x7FFF0000, 0x00050000
+    eperm, enosys = errno_ret | 1, errno_ret | 38
+    numbers = sorted(DENIED_SYSCALLS_X86_64.values())
+    prog: list[tuple[int, int, int, int]] = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, AUDIT_ARCH_X86_64),
+        (ret, 0, 0, enosys),  # i386 compat calls: nothing
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+        (jge, 0, 1, X32_SYSCALL_BIT),
+        (ret, 0, 0, eperm),  # the x32 ABI: nothing
+    ]
+    deny_at = len(prog) + len(numbers) + 1
+    for i, nr in enumerate(numbers):
+        prog.append((jeq, deny_at - (len(prog)) - 1, 0, nr))
+        assert i < 200
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+
+
+def data_fd(data: bytes) -> int:
+    """A pipe's read end holding `data` (small: it must fit the pipe buffer)."""
+    read_end, write_end = os.pipe()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_end, view):]
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+PASSWD = f"sandbox:x:{INNER_UID}:{INNER_GID}:sandbox:{SANDBOX_DEST}:/bin/sh\n"
+GROUP = f"sandbox:x:{INNER_GID}:\n"
 
 
 def _check(result: int, what: str) -> None:
@@ -482,22 +553,27 @@ class _Strict:
         run_as = strict.get("run_as")
         preexec = prepare_child(list(strict.get("binds", [])),
                                 [int(x) for x in run_as] if run_as else None, limits)
+        program = seccomp_program() if strict.get("seccomp", True) else None
+        fds = {"info_fd": info_w, "block_fd": block_r,
+               "passwd_fd": data_fd(PASSWD.encode()), "group_fd": data_fd(GROUP.encode())}
+        if program is not None:
+            fds["seccomp_fd"] = data_fd(program)
         try:
             proc = subprocess.Popen(
-                bwrap_command(strict, command, info_fd=info_w, block_fd=block_r),
+                bwrap_command(strict, command, **fds),
                 executable=str(strict["bwrap"]),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out_fd,
                 stderr=out_fd,
-                pass_fds=(info_w, block_r),
+                pass_fds=tuple(fds.values()),
                 preexec_fn=preexec,
                 start_new_session=True,
                 close_fds=True,
             )
         finally:
-            os.close(info_w)
-            os.close(block_r)
+            for fd in fds.values():
+                os.close(fd)
         self.pid = proc.pid
         self.cgroup = None
         self.init_pid: int | None = None

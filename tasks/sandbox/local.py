@@ -372,8 +372,9 @@ def check_isolation(settings: Settings | None = None) -> str:
     if mode == "strict":
         log.info(
             "sandbox isolation: strict (bubblewrap: user/mount/pid/ipc/uts/net namespaces, "
-            "network %s, %s; rlimits: as %d MB, fsize %d MB, nproc %d; dir cap %d MB; "
-            "cgroup v2 limits: %s)",
+            "seccomp %s, network %s, %s; rlimits: as %d MB, fsize %d MB, nproc %d; "
+            "dir cap %d MB; cgroup v2 limits: %s)",
+            "on" if sup.seccomp_program() else "off (not x86_64)",
             "shared" if settings.sandbox_network else "none but the gateway socket",
             f"host uid {settings.sandbox_uid}" if os.geteuid() == 0 else "the worker's uid",
             settings.sandbox_memory_mb, settings.sandbox_max_file_mb,

@@ -454,3 +454,14 @@ def test_legacy_sandboxes_with_their_records_inside_are_listed_and_deleted(
     assert prov.poll(sid) == ProcessStatus("exited", 3, False)
     prov.delete(sid)
     assert prov.list({}) == [] and not (prov.root / sid).exists()
+
+
+def test_the_gateway_socket_env_is_rewritten_only_in_strict_mode(
+    provider: LocalProvider, tmp_path: Path
+) -> None:
+    host_socket = str(tmp_path / "gw" / "gateway.sock")
+    src = "import os\ndef run(ctx, input):\n    return os.environ['PLAYRUN_GATEWAY_SOCKET']\n"
+    _, status, result = run_play(provider, src, env={"PLAYRUN_GATEWAY_SOCKET": host_socket})
+    assert status.exit_code == 0
+    expected = "/run/playrun/gateway.sock" if is_strict(provider) else host_socket
+    assert result == {"status": "succeeded", "output": expected}

@@ -607,15 +607,17 @@ class _Strict:
             os.close(info_r)
             os.close(block_w)
 
-    def kill(self) -> None:
-        """SIGKILL the namespace's init (the kernel then kills everything in it), and bwrap."""
+    def kill(self, *, reaped: bool = False) -> None:
+        """SIGKILL the namespace's init (the kernel then kills everything in it), and bwrap
+        unless it was reaped already (its pid may belong to someone else by now)."""
         if self.init_pid is not None:
             stat = read_stat(self.init_pid)
             if stat is not None and stat[3] == self.init_start:
                 _signal(self.init_pid, signal.SIGKILL)
         if self.cgroup is not None:
             cgroup_kill(self.cgroup)
-        kill_tree([self.pid])
+        if not reaped:
+            kill_tree([self.pid])
 
 
 def _read_config(control: Path) -> dict[str, Any]:
@@ -756,7 +758,7 @@ def supervise(control: Path, sandbox: Path) -> int:
 
     # The play ended: nothing it started may outlive it.
     if strict is not None:
-        strict.kill()
+        strict.kill(reaped=True)
     kill_tree(subtree([os.getpid()], process_table()) - {os.getpid()})
     if read_fd in open_fds:
         drain_until = time.monotonic() + 0.5

@@ -88,9 +88,10 @@ def test_policies_expire_by_themselves(pg_url: str) -> None:
 
 
 def test_hold_defers_without_burning_the_attempt_then_the_run_completes(pg_url: str) -> None:
-    policy.set_policy(policy.HOLD, for_s=2)
     w = start_worker()
     try:
+        # Set once the worker is up: a slow start-up must not outlast the short hold.
+        policy.set_policy(policy.HOLD, for_s=2)
         handle = tasks.submit_run(NOOP, input={}, org_id=org())
         eventually(lambda: deferrals(handle.id), what="a deferral")
         assert tasks.get_run(handle.id).status == "queued"
@@ -120,9 +121,9 @@ def test_deferral_budget_exhausted_fails_with_code_and_last_cause(pg_url: str) -
 def test_long_deferrals_go_through_the_database_and_the_sweep(pg_url: str) -> None:
     """Waits longer than the largest countdown are never a Celery ETA: an outbox row
     with available_at, published by the beat sweep once due."""
-    policy.set_policy(policy.HOLD, for_s=1.5)
     w = start_worker(PLAYRUN_MAX_COUNTDOWN_S="0.1", PLAYRUN_DEFERRAL_BASE_MS="1000")
     try:
+        policy.set_policy(policy.HOLD, for_s=1.5)  # once the worker is up (see above)
         handle = tasks.submit_run(NOOP, input={}, org_id=org())
         assert handle.wait(timeout=60).status == "succeeded"
     finally:

@@ -13,6 +13,7 @@ from tasks.constants import QUEUE
 from tasks.db import require_current_schema
 from tasks.errors import PlayrunError
 from tasks.runtime import host_queue
+from tasks.sandbox.local import check_isolation
 from tasks.settings import get_settings
 from tasks.watchdog import BrokerWatchdog
 
@@ -31,8 +32,10 @@ class SchemaCheck(bootsteps.Step):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         try:
-            get_settings().check_for_server()
+            settings = get_settings().check_for_server()
             require_current_schema()
+            if settings.sandbox_provider == "local":
+                check_isolation(settings)  # strict configured but unavailable: refuse
         except PlayrunError as exc:
             log.critical("refusing to start: %s", exc)
             raise SystemExit(f"playrun worker refused to start: {exc}") from exc

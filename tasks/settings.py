@@ -41,6 +41,19 @@ class Settings(BaseSettings):
     sandbox_isolation: Literal["auto", "strict", "process"] = "auto"
     # Outbound network for strict sandboxes: a risk (plays reach whatever the host reaches).
     sandbox_network: bool = False
+    # A worker running as root runs strict sandboxes as this unprivileged host uid/gid
+    # (uid 1000 inside their user namespace); keep it free of other use on the host.
+    sandbox_uid: int = Field(default=65534, gt=0)
+    sandbox_gid: int = Field(default=65534, gt=0)
+    # Processes (threads included) one sandbox may have at once (RLIMIT_NPROC, counted in
+    # its own user namespace; also pids.max where cgroup v2 is available).
+    sandbox_max_processes: int = Field(default=128, gt=0)
+    # Disk a sandbox's directory may use in all; past it the sandbox is stopped.
+    sandbox_max_dir_mb: int = Field(default=512, gt=0)
+    # A cgroup v2 directory delegated to playrun for per-sandbox memory/pids/cpu limits;
+    # unset: /sys/fs/cgroup/playrun when running as root on a cgroup v2 host, else none.
+    sandbox_cgroup: Path | None = None
+    sandbox_cpus: float = Field(default=1.0, gt=0)
     org_capacity: int = Field(default=10, ge=0)
     capacity_mode: Literal["enforce", "observe"] = "enforce"
     # In `enforce`, a full org fails the run, or with `defer` waits through the bounded deferral.

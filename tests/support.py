@@ -38,6 +38,10 @@ FAST_RECOVERY = {
     "PLAYRUN_SWEEP_INTERVAL_S": "1",
 }
 
+# Workers whose plays prove they ran once by appending to a file on the host (counter.py):
+# only process isolation lets a play write outside its sandbox.
+HOST_FILES = {"PLAYRUN_SANDBOX_ISOLATION": "process"}
+
 ORG_PREFIX = "fen-"
 
 

@@ -20,7 +20,7 @@ from tasks.db import session_scope
 from tasks.settings import get_settings
 from tests.conftest import PG_BASE, PLAYS, ROOT, Worker, _psql, worker_env
 from tests.helpers import eventually, kinds
-from tests.support import FAST_RECOVERY
+from tests.support import FAST_RECOVERY, HOST_FILES
 
 pytestmark = pytest.mark.slow
 
@@ -29,13 +29,13 @@ def test_worker_killed_mid_run_is_recovered_and_the_play_runs_once(
     pg_url: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran.txt"
-    first = Worker(worker_env(**FAST_RECOVERY), beat=True)
+    first = Worker(worker_env(**FAST_RECOVERY, **HOST_FILES), beat=True)
     first.wait_ready()
     handle = tasks.submit_run(PLAYS / "counter.py", input={"path": str(marker), "seconds": 4},
                               org_id=f"org-{uuid.uuid4().hex[:6]}")
     eventually(lambda: marker.exists(), what="the play to start")
     first.stop(signal.SIGKILL)  # the whole worker: main process and pool children
-    second = Worker(worker_env(**FAST_RECOVERY), beat=True)
+    second = Worker(worker_env(**FAST_RECOVERY, **HOST_FILES), beat=True)
     try:
         second.wait_ready()
         result = handle.wait(timeout=60)
@@ -128,7 +128,7 @@ def test_worker_killed_during_a_slow_sandbox_create_runs_the_play_once(
     script.reset()
     script.set(latency_ms=4000)
     env = worker_env(PLAYRUN_SANDBOX_PROVIDER="fake", PLAYRUN_DEFERRAL_BASE_MS="200",
-                     **FAST_RECOVERY)
+                     **FAST_RECOVERY, **HOST_FILES)
     first = Worker(env, beat=True)
     first.wait_ready()
     handle = tasks.submit_run(PLAYS / "counter.py", input={"path": str(marker), "seconds": 0.2},

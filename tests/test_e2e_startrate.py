@@ -90,6 +90,8 @@ def test_hold_defers_without_burning_the_attempt_then_the_run_completes(pg_url: 
     w = start_worker()
     policy.set_policy(policy.HOLD, for_s=2)  # after the worker is up: a slow start eats none
     try:
+        # Set once the worker is up: a slow start-up must not outlast the short hold.
+        policy.set_policy(policy.HOLD, for_s=2)
         handle = tasks.submit_run(NOOP, input={}, org_id=org())
         eventually(lambda: deferrals(handle.id), what="a deferral")
         assert tasks.get_run(handle.id).status == "queued"
@@ -122,6 +124,7 @@ def test_long_deferrals_go_through_the_database_and_the_sweep(pg_url: str) -> No
     w = start_worker(PLAYRUN_MAX_COUNTDOWN_S="0.1", PLAYRUN_DEFERRAL_BASE_MS="1000")
     policy.set_policy(policy.HOLD, for_s=1.5)
     try:
+        policy.set_policy(policy.HOLD, for_s=1.5)  # once the worker is up (see above)
         handle = tasks.submit_run(NOOP, input={}, org_id=org())
         assert handle.wait(timeout=60).status == "succeeded"
     finally:

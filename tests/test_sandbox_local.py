@@ -6,6 +6,8 @@ import json
 import multiprocessing
 import os
 import random
+import secrets
+import shutil
 import signal
 import sys
 import time
@@ -25,24 +27,39 @@ from tasks.sandbox import (
     get_provider,
 )
 from tasks.sandbox import supervisor as sup
-from tasks.sandbox.local import pid_namespace_command
+from tasks.sandbox.local import pid_namespace_command, probe_strict
+from tasks.settings import get_settings
 
 RUNNER = (Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py").read_bytes()
-PIDNS_MODES = [
-    pytest.param(True, id="pidns"),
-    pytest.param(False, id="pgroup"),
-]
+# Every test runs in strict isolation (bubblewrap) and once in process mode; the process-tree
+# tests also with process mode's two layouts (PID namespace, plain process group).
+TREE_MODES = ["strict", "pidns", "pgroup"]
 
 
-@pytest.fixture
+@pytest.fixture(params=["strict", "process"])
 def provider(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalProvider]:
-    pidns: bool | None = getattr(request, "param", None)
-    if pidns and not pid_namespace_command():
-        pytest.skip("no PID namespaces on this machine")
-    prov = LocalProvider(tmp_path / "sandboxes", pid_namespace=pidns)
+    mode: str = request.param
+    root = tmp_path / "sandboxes"
+    if mode == "strict":
+        problem = probe_strict(get_settings(), root)
+        if problem:
+            pytest.skip(f"strict isolation unavailable: {problem}")
+        prov = LocalProvider(root, isolation="strict")
+    elif mode == "pidns":
+        if not pid_namespace_command():
+            pytest.skip("no PID namespaces on this machine")
+        prov = LocalProvider(root, pid_namespace=True)
+    elif mode == "pgroup":
+        prov = LocalProvider(root, pid_namespace=False)
+    else:
+        prov = LocalProvider(root, isolation="process")
     yield prov
     for ref in prov.list({}):
         prov.delete(ref.sandbox_id)
+
+
+def is_strict(prov: LocalProvider) -> bool:
+    return prov.isolation == "strict"
 
 
 def wait_exit(prov: LocalProvider, sandbox_id: str, within: float = 15.0) -> ProcessStatus:
@@ -134,7 +151,9 @@ def test_environment_is_scrubbed(provider: LocalProvider, monkeypatch: pytest.Mo
     )
     sid, _, result = run_play(provider, src, env={"PLAYRUN_RUN_ID": "r-1"})
     out = result["output"]
-    sandbox = str(provider.root / sid)
+    sandbox = "/sandbox" if is_strict(provider) else str(provider.root / sid)
+    if is_strict(provider):
+        assert out["env"].pop("PWD") == sandbox  # set by bwrap's --chdir
     assert out["env"] == {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": sandbox,
@@ -144,11 +163,14 @@ def test_environment_is_scrubbed(provider: LocalProvider, monkeypatch: pytest.Mo
         "PLAYRUN_RUN_ID": "r-1",
     }
     assert out["cwd"] == sandbox
-    assert out["prefix"] == sys.prefix  # -s -E keep the venv usable
+    if is_strict(provider):  # the base interpreter: the venv is not in the sandbox
+        assert out["prefix"] == sys.base_prefix
+    else:
+        assert out["prefix"] == sys.prefix  # -s -E keep the venv usable
     assert out["flags"] == [1, 1]
 
 
-@pytest.mark.parametrize("provider", PIDNS_MODES, indirect=True)
+@pytest.mark.parametrize("provider", TREE_MODES, indirect=True)
 def test_delete_kills_the_whole_tree(provider: LocalProvider) -> None:
     prov = provider
     tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
@@ -170,7 +192,7 @@ def test_delete_kills_the_whole_tree(provider: LocalProvider) -> None:
         return found if len(found) == 4 else None
 
     pids: set[int] = wait_for(all_four)
-    tops = prov._sandbox_processes(prov.root / sid)
+    tops = prov._sandbox_processes(sid)
     assert tops
     prov.delete(sid)
     assert not any(sup.is_live(pid) for pid in pids | tops)
@@ -179,6 +201,60 @@ def test_delete_kills_the_whole_tree(provider: LocalProvider) -> None:
     with pytest.raises(SandboxNotFoundError):
         prov.poll(sid)
     prov.delete(sid)  # idempotent
+
+
+@pytest.mark.parametrize("provider", TREE_MODES, indirect=True)
+def test_delete_kills_the_tree_of_a_play_that_deleted_its_own_directory(
+    provider: LocalProvider,
+) -> None:
+    prov = provider
+    tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
+    src = (
+        "import os, shutil, subprocess, time\n"
+        "def run(ctx, input):\n"
+        f"    subprocess.Popen(['sleep', '5{tag}'], start_new_session=True)\n"
+        "    shutil.rmtree(os.getcwd(), ignore_errors=True)\n"
+        f"    subprocess.Popen(['sh', '-c', 'sleep 6{tag}'], start_new_session=True)\n"
+        "    time.sleep(1000)\n"
+    )
+    sid = play_sandbox(prov, src)
+    prov.exec_detached(sid, ["{python}", "runner.py", "--timeout", "100"], env={}, timeout_s=100)
+
+    def both() -> set[int] | None:
+        found = find_pids(tag)
+        return found if len(found) >= 2 else None
+
+    pids: set[int] = wait_for(both)
+    sandbox = prov.root / sid
+    # A strict play can only empty its directory (it is a mount point inside); whoever
+    # removes it on the host, the outcome must be the same.
+    wait_for(lambda: not sandbox.exists() or not any(sandbox.iterdir()))
+    shutil.rmtree(sandbox, ignore_errors=True)
+    assert not sandbox.exists()
+    assert sid in [ref.sandbox_id for ref in prov.list({"playrun": "1"})]  # GC sees it
+    assert prov.poll(sid).state == "running"
+    prov.delete(sid)
+    assert not any(sup.is_live(pid) for pid in pids)
+    assert not find_pids(tag)
+    assert sid not in [ref.sandbox_id for ref in prov.list({})]
+    assert not (prov.control_root / sid).exists()
+    prov.delete(sid)  # idempotent
+
+
+def test_the_exec_env_and_its_token_are_never_written_to_disk(provider: LocalProvider) -> None:
+    token = "tok-" + secrets.token_hex(16)
+    sid = play_sandbox(provider, "import time\ndef run(ctx, input):\n    time.sleep(1000)\n")
+    provider.exec_detached(sid, ["{python}", "runner.py", "--timeout", "100"],
+                           env={"PLAYRUN_TOKEN": token}, timeout_s=100)
+    wait_for(lambda: (provider.control_root / sid / sup.NS_FILE).exists()
+             or not is_strict(provider))
+    for base in (provider.root, provider.control_root):
+        for path in base.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                assert token.encode() not in path.read_bytes(), path
+    assert all(
+        (p.stat().st_mode & 0o077) == 0 for p in (provider.control_root / sid).iterdir()
+    )
 
 
 def test_delete_unknown_is_success(provider: LocalProvider) -> None:
@@ -216,7 +292,7 @@ def test_another_process_can_poll_and_delete(provider: LocalProvider) -> None:
     provider.exec_detached(
         sid, ["{python}", "runner.py", "--timeout", "100"], env={}, timeout_s=100
     )
-    tops = provider._sandbox_processes(provider.root / sid)
+    tops = provider._sandbox_processes(sid)
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_poll_and_delete, args=(str(provider.root), sid, child))
@@ -229,7 +305,7 @@ def test_another_process_can_poll_and_delete(provider: LocalProvider) -> None:
     assert not any(sup.is_live(pid) for pid in tops)
 
 
-@pytest.mark.parametrize("provider", PIDNS_MODES, indirect=True)
+@pytest.mark.parametrize("provider", TREE_MODES, indirect=True)
 def test_wall_clock_timeout_kills_a_play_ignoring_sigalrm(provider: LocalProvider) -> None:
     sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
     code = (
@@ -246,13 +322,13 @@ def test_wall_clock_timeout_kills_a_play_ignoring_sigalrm(provider: LocalProvide
     assert 0.9 < time.monotonic() - start < 5
 
 
-@pytest.mark.parametrize("provider", PIDNS_MODES, indirect=True)
+@pytest.mark.parametrize("provider", TREE_MODES, indirect=True)
 def test_missing_when_supervisor_is_killed(provider: LocalProvider) -> None:
     sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
     tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
     provider.exec_detached(sid, ["sleep", tag], env={}, timeout_s=100)
     pids = wait_for(lambda: find_pids(tag))
-    record = json.loads((provider.root / sid / ".playrun" / "proc.json").read_text())
+    record = json.loads((provider.control_root / sid / "proc.json").read_text())
     os.killpg(record["pid"], signal.SIGKILL)  # not the play's own session
     assert wait_for(lambda: provider.poll(sid).state == "missing")
     # The orphaned play is still found (by its sandbox HOME) and killed.
@@ -314,7 +390,8 @@ def test_create_refuses_escaping_files(provider: LocalProvider) -> None:
         with pytest.raises(ProviderError):
             provider.create(SandboxSpec(labels={}, files={name: b"x"}))
     assert provider.list({}) == []
-    assert [p.name for p in provider.root.iterdir()] == []
+    assert [p.name for p in provider.root.iterdir() if p.name != ".control"] == []
+    assert not provider.control_root.exists() or not any(provider.control_root.iterdir())
 
 
 def test_get_provider() -> None:
@@ -322,3 +399,69 @@ def test_get_provider() -> None:
     assert get_provider("fake", Path("/tmp/x")).name == "fake"
     with pytest.raises(ConfigurationError):
         get_provider("daytona-typo", Path("/tmp/x"))
+
+
+def test_cgroup_v2_limits_are_probed_and_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a stand-in cgroup v2 tree: the probe enables the controllers, the supervisor's
+    helpers write the limits and move the namespace's init in (this machine has no v2)."""
+    from tasks.sandbox import local as local_mod
+    from tasks.settings import Settings
+
+    fake = tmp_path / "cgroup"
+    fake.mkdir()
+    (fake / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (fake / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(local_mod, "CGROUP_ROOT", fake)
+    monkeypatch.setattr(local_mod, "_cgroups", {})
+    delegated = fake / "delegated"
+    delegated.mkdir()
+    (delegated / "cgroup.controllers").write_text("cpu memory\n")
+    (delegated / "cgroup.subtree_control").write_text("")
+    base, said = local_mod.cgroup_base(Settings(sandbox_cgroup=delegated))
+    assert base is None and "['pids'] not available" in said
+    (delegated / "cgroup.controllers").write_text("cpu memory pids\n")
+    monkeypatch.setattr(local_mod, "_cgroups", {})
+    base, said = local_mod.cgroup_base(Settings(sandbox_cgroup=delegated))
+    assert base == delegated and "pids.max" in said
+    assert (delegated / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    limits = sup.cgroup_limits(256, 32, 0.5)
+    assert limits == {"memory.max": str(256 << 20), "memory.swap.max": "0",
+                      "pids.max": "32", "cpu.max": "50000 100000"}
+    applied = sup.cgroup_enter(base / "lsb-0123456789abcdef", limits, 4242)
+    assert applied == list(limits)
+    assert (base / "lsb-0123456789abcdef" / "cgroup.procs").read_text() == "4242"
+    assert (base / "lsb-0123456789abcdef" / "pids.max").read_text() == "32"
+    # Not root and nothing delegated: not applied, and said so.
+    monkeypatch.setattr(local_mod, "_cgroups", {})
+    monkeypatch.setattr(local_mod.os, "geteuid", lambda: 1000)
+    assert local_mod.cgroup_base(Settings())[0] is None
+
+
+def test_legacy_sandboxes_with_their_records_inside_are_listed_and_deleted(
+    tmp_path: Path,
+) -> None:
+    """Sandboxes made before the control records moved out keep working through an upgrade."""
+    prov = LocalProvider(tmp_path / "sandboxes", isolation="process")
+    sid = "lsb-0123456789abcdef"
+    legacy = prov.root / sid / ".playrun"
+    legacy.mkdir(parents=True)
+    (legacy / "meta.json").write_text(json.dumps({"labels": {"playrun": "1"},
+                                                  "created_at": 1.0}))
+    (legacy / "exit.json").write_text(json.dumps({"exit_code": 3, "timed_out": False}))
+    assert [r.sandbox_id for r in prov.list({"playrun": "1"})] == [sid]
+    assert prov.poll(sid) == ProcessStatus("exited", 3, False)
+    prov.delete(sid)
+    assert prov.list({}) == [] and not (prov.root / sid).exists()
+
+
+def test_the_gateway_socket_env_is_rewritten_only_in_strict_mode(
+    provider: LocalProvider, tmp_path: Path
+) -> None:
+    host_socket = str(tmp_path / "gw" / "gateway.sock")
+    src = "import os\ndef run(ctx, input):\n    return os.environ['PLAYRUN_GATEWAY_SOCKET']\n"
+    _, status, result = run_play(provider, src, env={"PLAYRUN_GATEWAY_SOCKET": host_socket})
+    assert status.exit_code == 0
+    expected = "/run/playrun/gateway.sock" if is_strict(provider) else host_socket
+    assert result == {"status": "succeeded", "output": expected}

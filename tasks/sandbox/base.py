@@ -89,6 +89,8 @@ class SandboxSpec:
     memory_mb: int = 1024  # RLIMIT_AS
     max_file_mb: int = 64  # RLIMIT_FSIZE
     cpu_seconds: int | None = None  # RLIMIT_CPU; None: derived from the wall-clock timeout
+    max_processes: int | None = None  # RLIMIT_NPROC in strict mode; None: the setting
+    max_dir_mb: int | None = None  # disk cap of the sandbox directory; None: the setting
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class ProcessStatus:
     state: Literal["running", "exited", "missing"]
     exit_code: int | None = None
     timed_out: bool = False
+    # A provider limit that stopped it ("disk": its directory outgrew its cap), if any.
+    limit: str | None = None
 
 
 @dataclass(frozen=True)

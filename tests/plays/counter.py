@@ -1,11 +1,14 @@
-"""Appends one line to input["path"] each time it really runs (proves run-once)."""
+"""Counts its real runs: one progress line each time, and one line appended to
+input["path"] when given (a host file: process isolation only)."""
 
 import os
 import time
 
 
 def run(ctx, input):
-    with open(input["path"], "a") as fh:
-        fh.write(f"{os.getpid()}\n")
+    ctx.log("ran", pid=os.getpid())
+    if input.get("path"):
+        with open(input["path"], "a") as fh:
+            fh.write(f"{os.getpid()}\n")
     time.sleep(float(input.get("seconds", 0.5)))
     return {"ok": True}

@@ -3,6 +3,7 @@ and worker and beat as child processes. Same code paths as production; only URLs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -109,4 +110,19 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            _reap_group(proc.pid, deadline)
         self.procs.clear()
+
+
+def _reap_group(pgid: int, deadline: float) -> None:
+    """The group's other members (a worker's pool children) are gone too before we return."""
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+        time.sleep(0.05)

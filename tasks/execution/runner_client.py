@@ -9,6 +9,7 @@ result file is written first, so a gateway that never answers loses nothing.
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.client
 import json
 import os
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 
 PATH = "/v1/runtime"
 REQUEST_TIMEOUT_S = 10.0
-BATCH = 200
+BATCH = 500
 # Events held in memory while the gateway is away; beyond this they are counted, not kept.
 BUFFER_LIMIT = 20_000
 DELIVER_EVERY_S = 0.2
@@ -107,6 +108,7 @@ class Uplink:
         self._done = threading.Event()
         self._batch: dict[str, Any] | None = None
         self._sending = threading.Lock()  # one delivery at a time: batches stay in order
+        self._full = False  # the gateway's progress budget is spent: count, do not send
 
     @classmethod
     def from_env(cls, on_stop: Callable[[str], None]) -> Uplink | None:
@@ -150,7 +152,7 @@ class Uplink:
 
     def add(self, event: dict[str, Any]) -> None:
         with self._lock:
-            if len(self._events) >= BUFFER_LIMIT:
+            if self._full or len(self._events) >= BUFFER_LIMIT:
                 self._dropped += 1
                 return
             self._events.append(event)
@@ -182,7 +184,12 @@ class Uplink:
         if batch is None:
             return True
         try:
-            self.gateway.call(self.projection_token, batch)
+            answer = self.gateway.call(self.projection_token, batch)
+            if isinstance(answer, dict) and answer.get("full"):
+                with self._lock:
+                    self._full = True
+                    self._dropped += len(self._events)
+                    self._events.clear()
         except Refused as exc:
             if exc.code in STOP_CODES:
                 self.on_stop(f"the gateway refused progress: {exc}")
@@ -210,6 +217,12 @@ class Uplink:
             except Unavailable:
                 time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
                 pause = min(pause * 2, 2.0)
+        # Out of time: what is left is at least counted, never lost unsaid.
+        with self._lock:
+            self._dropped += len(self._events)
+            self._events.clear()
+        with contextlib.suppress(Unavailable, Refused), self._sending:
+            self._send_pending()
 
     # --- the terminal --------------------------------------------------------------------
 

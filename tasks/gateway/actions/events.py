@@ -62,4 +62,6 @@ def handle(grant: Grant, request: AppendRunEvents, ctx: Context) -> dict[str, An
     except sa.exc.IntegrityError:
         # A concurrent delivery with the same key committed first: this one is a repeat.
         return {"duplicate": True, "accepted": 0, "dropped": 0}
-    return {"duplicate": False, "accepted": len(kept), "dropped": dropped}
+    # `full`: the budget is spent; the runner stops sending events and only counts them.
+    return {"duplicate": False, "accepted": len(kept), "dropped": dropped,
+            "full": len(kept) >= room}

@@ -26,6 +26,7 @@ from tasks.execution.launch import mark_launching
 from tasks.gateway import tokens
 from tasks.gateway.actions import steps as step_actions
 from tasks.gateway.actions.base import Context
+from tasks.release.attempt import release_attempt
 from tasks.release.receipts import release_orphans, release_receipts
 from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
@@ -440,6 +441,17 @@ def test_an_ended_attempt_releases_what_it_still_holds(gateway: Gateway) -> None
     after = launched(run.org_id)
     assert claim(gateway, after, "b") == {"state": "run"}
     assert claim(gateway, after, "a")["state"] == "reuse"
+
+
+def test_the_release_step_of_an_attempt_releases_its_receipts(gateway: Gateway) -> None:
+    run = launched()
+    claim(gateway, run, "k")
+    release_attempt(run.fence.run_id, 1, run.fence.lease_token)  # still live: kept
+    assert receipt(run.org_id, "k").status == "running"
+    settle_forced(run.fence.run_id, Outcome.failed("RUNTIME_INTERNAL_ERROR", "test"), "test")
+    release_attempt(run.fence.run_id, 1, run.fence.lease_token)
+    assert receipt(run.org_id, "k").status == "released"
+    assert step_events(run)[-1] == ("receipts.released", {"count": 1})
 
 
 def test_the_reaper_releases_receipts_a_forced_settlement_left(gateway: Gateway) -> None:

@@ -28,7 +28,7 @@ ORPHAN_BATCH = 200
 def release_receipts(run_id: str, generation: int) -> int:
     """Release what attempt `generation` of the run still holds; returns how many."""
     with session_scope() as session:
-        lock_run(session, run_id)  # run row first, as every writer does: no deadlock
+        run = lock_run(session, run_id)  # run row first, as every writer does: no deadlock
         released = int(session.execute(
             sa.update(WorkReceipt)
             .where(WorkReceipt.owner_run_id == run_id,
@@ -37,7 +37,7 @@ def release_receipts(run_id: str, generation: int) -> int:
                    ~owner_live())
             .values(status=RECEIPT_RELEASED, released_at=db_now(), updated_at=db_now())
         ).rowcount)  # type: ignore[attr-defined]
-        if released:
+        if released and run is not None:  # a purged run has no ledger left to tell
             ledger.append(session, run_id, EV_RECEIPTS_RELEASED, {"count": released},
                           generation)
     if released:

@@ -1,6 +1,7 @@
 """SQLAlchemy models of playrun; the schema is owned by the Alembic migrations beside them."""
 
 from models.base import Base, JSONType, UTCDateTime, db_now, new_id
+from models.receipts import WorkReceipt
 from models.resources import CapacityLease, CapacityOrg, RuntimeResource, TrafficPolicy
 from models.runs import Attempt, EventDelivery, Outbox, PlayBundle, Run, RunEvent
 
@@ -18,6 +19,7 @@ __all__ = [
     "RuntimeResource",
     "TrafficPolicy",
     "UTCDateTime",
+    "WorkReceipt",
     "db_now",
     "new_id",
 ]

@@ -19,6 +19,7 @@ from tasks.api import (
 from tasks.app import app
 from tasks.errors import PlayrunError
 from tasks.ledger import Event
+from tasks.workreceipts import ReceiptView, clear_receipts, receipts
 
 celery = app
 
@@ -26,13 +27,16 @@ __all__ = [
     "AttemptView",
     "Event",
     "PlayrunError",
+    "ReceiptView",
     "RunHandle",
     "RunResult",
     "RunView",
     "app",
     "cancel_run",
+    "clear_receipts",
     "get_run",
     "list_runs",
+    "receipts",
     "run_events",
     "submit_run",
 ]

@@ -54,9 +54,11 @@ app = typer.Typer(help="playrun: run plays in isolated sandboxes.", no_args_is_h
 db_app = typer.Typer(help="Database schema (Alembic).", no_args_is_help=True)
 policy_app = typer.Typer(help="Traffic policy for sandbox starts.", no_args_is_help=True)
 capacity_app = typer.Typer(help="Per-org sandbox capacity.", no_args_is_help=True)
+receipts_app = typer.Typer(help="Work receipts of ctx.step.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(policy_app, name="policy")
 app.add_typer(capacity_app, name="capacity")
+app.add_typer(receipts_app, name="receipts")
 console = Console()
 
 
@@ -243,6 +245,37 @@ def capacity_unset(org: str) -> None:
 
     capacity.set_limit(org, None)
     capacity_show()
+
+
+@receipts_app.command("show")
+def receipts_show(org: Annotated[str, typer.Option("--org")],
+                  play: Annotated[str | None, typer.Option("--play")] = None,
+                  limit: int = 200) -> None:
+    """Show ORG's work receipts (of one play): status, owner run, output."""
+    import tasks
+
+    table = Table("play", "key", "status", "run", "created", "completed", "expires", "output")
+    found = tasks.receipts(org, play, limit=limit)
+    for r in found:
+        output = json.dumps(r.output, default=str) if r.status == "completed" else (
+            f"{r.code}: {r.error}" if r.code else "")
+        table.add_row(r.play, r.key, r.status, f"{r.run_id}/{r.generation}",
+                      f"{r.created_at:%Y-%m-%d %H:%M:%S}",
+                      f"{r.completed_at:%H:%M:%S}" if r.completed_at else "",
+                      f"{r.expires_at:%Y-%m-%d %H:%M:%S}" if r.expires_at else "never",
+                      output if len(output) <= 60 else output[:57] + "...")
+    console.print(table)
+    console.print(f"{len(found)} receipt(s)" + (" (limit reached)" if len(found) == limit else ""))
+
+
+@receipts_app.command("clear")
+def receipts_clear(org: Annotated[str, typer.Option("--org")],
+                   play: Annotated[str | None, typer.Option("--play")] = None,
+                   key: Annotated[str | None, typer.Option("--key")] = None) -> None:
+    """Delete ORG's receipts (of one play, of one step key): those steps run again."""
+    import tasks
+
+    console.print(f"cleared {tasks.clear_receipts(org, play, key)} receipt(s)")
 
 
 @app.command()

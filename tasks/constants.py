@@ -25,6 +25,14 @@ RESOURCE_LIVE: Final = "live"
 RESOURCE_CLEANUP: Final = "cleanup"
 RESOURCE_DELETED: Final = "deleted"
 
+# Work receipt statuses (SPEC 4.7); pending and running are held by their owner attempt.
+RECEIPT_PENDING: Final = "pending"
+RECEIPT_RUNNING: Final = "running"
+RECEIPT_COMPLETED: Final = "completed"
+RECEIPT_FAILED: Final = "failed"
+RECEIPT_RELEASED: Final = "released"
+RECEIPT_HELD: Final = frozenset({RECEIPT_PENDING, RECEIPT_RUNNING})
+
 # Stable failure codes (SPEC section 5).
 PLAY_NOT_FOUND: Final = "PLAY_NOT_FOUND"
 PLAY_INVALID: Final = "PLAY_INVALID"
@@ -39,6 +47,9 @@ CANCELLED_CODE: Final = "CANCELLED"
 SANDBOX_START_FAILED: Final = "SANDBOX_START_FAILED"
 # Maintenance kept failing on this run (see tasks/maintenance/trouble.py).
 RUNTIME_INTERNAL_ERROR: Final = "RUNTIME_INTERNAL_ERROR"
+# Codes a run may fail with from ctx.step (tasks/execution/runner_steps.py).
+STEP_CODES: Final = frozenset({"STEP_KEY_INVALID", "STEP_INVALID", "STEP_RECURSIVE",
+                               "STEP_UNAVAILABLE", "STEP_REFUSED", "RECEIPT_NOT_HELD"})
 
 CAPACITY_EXCEEDED_MESSAGE: Final = (
     "This organization's execution concurrency limit is currently full."
@@ -55,6 +66,10 @@ EV_SANDBOX_DELETED: Final = "sandbox.deleted"
 EV_CAPACITY_RELEASED: Final = "capacity.released"
 EV_CAPACITY_OVERRUN: Final = "capacity.overrun"
 EV_RECEIPTS_RELEASED: Final = "receipts.released"
+EV_STEP_REUSED: Final = "step.reused"
+EV_STEP_COMPLETED: Final = "step.completed"
+EV_STEP_FAILED: Final = "step.failed"
+EV_STEP_TAKEN_OVER: Final = "step.taken_over"
 EV_CANCEL_REQUESTED: Final = "run.cancel_requested"
 EV_MAINTENANCE_FAILED: Final = "run.maintenance_failed"
 EV_PROGRESS_DROPPED: Final = "run.progress_dropped"
@@ -78,6 +93,7 @@ PLAY_FILE: Final = "play.py"
 INPUT_FILE: Final = "input.json"
 RUNNER_FILE: Final = "runner.py"
 RUNNER_CLIENT_FILE: Final = "playrun_client.py"
+RUNNER_STEPS_FILE: Final = "playrun_steps.py"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -119,5 +135,9 @@ MAX_STARTS_PER_MINUTE: Final = 1_000_000.0  # the start-rate bucket's ceiling (s
 MAX_SQL_INT: Final = 2**31 - 1  # an Integer column
 MAX_DURATION_S: Final = 365 * 86400.0  # operator holds, throttles and waits
 MAX_STATS_WINDOW_S: Final = 10 * 365 * 86400.0
+# ctx.step: the step key and the JSON output a work receipt keeps.
+MAX_STEP_KEY_CHARS: Final = 1024
+MAX_STEP_OUTPUT_BYTES: Final = 256 * 1024
+MAX_STEP_TTL_S: Final = 10 * 365 * 86400
 # The development signing secret; refused when a PostgreSQL database is configured.
 DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"

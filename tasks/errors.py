@@ -156,3 +156,17 @@ class CapabilityDeniedError(GatewayError):
     code = "GATEWAY_CAPABILITY_DENIED"
     status = 403
 
+
+
+class ReceiptNotHeldError(GatewayError):
+    """This attempt does not hold the work receipt it tries to settle."""
+
+    code = "RECEIPT_NOT_HELD"
+    status = 409
+
+
+class StepOutputInvalidError(GatewayError):
+    """A step's output is not storable JSON or is larger than a receipt keeps."""
+
+    code = "OUTPUT_INVALID"
+    status = 400

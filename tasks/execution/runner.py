@@ -125,6 +125,14 @@ class Context:
         self._seq = 0
         self._bytes = 0
         self._dropped = 0
+        self._steps: Any = None  # playrun_steps.Steps, set by the runner
+
+    def step(self, key: str, fn: Any, ttl: float | None = None) -> Any:
+        """`fn()`'s JSON output, computed once per (org, play, key): a completed work
+        receipt is returned without calling fn. `ttl` seconds let a receipt expire."""
+        if self._steps is None:
+            raise RuntimeError("ctx.step needs playrun_steps.py beside runner.py")
+        return self._steps.step(key, fn, ttl)
 
     def log(self, message: str, **fields: Any) -> None:
         """Append one progress event to events.jsonl (bounded per event and in total)."""
@@ -188,6 +196,7 @@ class Runner:
         self.ctx: Context | None = None
         self.payload: bytes | None = None
         self.uplink: Any = None
+        self.steps: Any = None  # the playrun_steps module
 
     # --- the one terminal write ---------------------------------------------------------
 
@@ -317,6 +326,8 @@ class Runner:
             return self.fail(INPUT_INVALID, problem)
 
         self.ctx = Context(self.dir, self.uplink)
+        if self.steps is not None:
+            self.ctx._steps = self.steps.Steps(self.uplink, time.monotonic() + self.timeout_s)
         module = types.ModuleType("play")
         module.__file__ = str(self.dir / PLAY_FILE)
         sys.modules["play"] = module
@@ -339,7 +350,8 @@ class Runner:
         except BaseException as exc:  # noqa: BLE001 - SystemExit etc. are play failures too
             if self._timed_out:
                 return self.fail(RUN_TIMEOUT, self._timeout_message())
-            return self.fail(PLAY_ERROR, self._describe(exc))
+            why = self.steps.code_of(exc) if self.steps is not None else None
+            return self.fail(why or PLAY_ERROR, self._describe(exc))
         if self._timed_out:  # the play caught RunTimeout and returned anyway
             return self.fail(RUN_TIMEOUT, self._timeout_message())
         try:
@@ -378,6 +390,12 @@ class Runner:
             self.uplink = playrun_client.Uplink.from_env(self._stop)
         except ImportError:
             self.uplink = None
+        try:
+            import playrun_steps  # ctx.step, beside runner.py too
+
+            self.steps = playrun_steps
+        except ImportError:
+            self.steps = None
         if self.uplink is not None:
             self.uplink.start()
         try:

@@ -34,6 +34,7 @@ from tasks.db import session_scope
 from tasks.fence import Fence, lock_run
 from tasks.maintenance.trouble import note_failure
 from tasks.release.attempt import release_attempt
+from tasks.release.receipts import release_orphans
 from tasks.runtime import host_queue
 from tasks.settings import Settings
 from tasks.settlement.outcome import Outcome
@@ -49,6 +50,7 @@ class ReapReport:
     adopted_precode: list[str] = field(default_factory=list)
     settled_overdue: list[str] = field(default_factory=list)
     releases_retried: int = 0
+    receipts_released: int = 0
 
 
 def expire_reservations() -> int:
@@ -208,4 +210,5 @@ def reap(settings: Settings, app: Any) -> ReapReport:
     recover_expired(settings, app, report)
     resend_cancels(settings)
     retry_releases(report)
+    report.receipts_released = release_orphans()
     return report

@@ -10,18 +10,24 @@ from __future__ import annotations
 import logging
 
 from tasks.release.capacity import release_lease
+from tasks.release.receipts import release_receipts
 from tasks.release.sandboxes import release_sandboxes
 
 log = logging.getLogger("playrun.release")
 
 
 def release_attempt(run_id: str, generation: int, token: str) -> None:
-    """Delete the holder's sandboxes, then release its capacity lease. Never raises."""
+    """Delete the holder's sandboxes, release the receipts its ended attempt still holds,
+    then its capacity lease. Never raises."""
     try:
         left = release_sandboxes(run_id, generation, token)
     except Exception:
         log.exception("releasing sandboxes of run %s gen %s failed", run_id, generation)
-        return
+        left = 1
+    try:
+        release_receipts(run_id, generation)  # only if that attempt can no longer write
+    except Exception:
+        log.exception("releasing the receipts of run %s gen %s failed", run_id, generation)
     if left:
         # The slot stays taken while a sandbox may still exist; the reaper retries.
         return

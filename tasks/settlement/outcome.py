@@ -15,6 +15,7 @@ from tasks.constants import (
     OUTPUT_INVALID,
     RUN_TIMEOUT,
     RUNTIME_RUNNER_LOST,
+    STEP_CODES,
     SUCCEEDED,
 )
 from tasks.errors import DocumentInvalidError
@@ -23,7 +24,7 @@ from tasks.untrusted import encoded_size, storable_text
 _KNOWN_CODES = frozenset({
     "PLAY_NOT_FOUND", "PLAY_INVALID", "PLAY_ERROR", "OUTPUT_INVALID", "INPUT_INVALID",
     "RUN_TIMEOUT",
-})
+}) | STEP_CODES
 MAX_ERROR_CHARS = 8192
 
 

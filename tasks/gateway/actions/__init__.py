@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from tasks.gateway.actions import complete, events, heartbeat
+from tasks.gateway.actions import complete, events, heartbeat, steps
 from tasks.gateway.actions.base import Action, ActionRequest, Context
-from tasks.gateway.tokens import RUN_COMPLETE, RUN_HEARTBEAT, RUN_LEDGER_PROJECT
+from tasks.gateway.tokens import RUN_COMPLETE, RUN_HEARTBEAT, RUN_LEDGER_PROJECT, STEP_WRITE
 
 ACTIONS: dict[str, Action] = {
     a.name: a for a in (
         Action("heartbeat", RUN_HEARTBEAT, heartbeat.Heartbeat, heartbeat.handle),
         Action("append_run_events", RUN_LEDGER_PROJECT, events.AppendRunEvents, events.handle),
         Action("complete", RUN_COMPLETE, complete.Complete, complete.handle),
+        Action("step_claim", STEP_WRITE, steps.StepClaim, steps.claim),
+        Action("step_complete", STEP_WRITE, steps.StepComplete, steps.complete),
+        Action("step_fail", STEP_WRITE, steps.StepFail, steps.fail),
     )
 }
 

@@ -1,0 +1,65 @@
+"""Release the work receipts an attempt still holds when it ends (SPEC 4.7).
+
+Pending or running receipts of an attempt whose launch can no longer write become
+`released`, so the next run claims them at once; one `receipts.released` event records
+the count. Called from release_attempt on every terminal path; the reaper retries what a
+failed release left (release_orphans). A receipt whose owner is still live (an attempt the
+reaper adopted while its runner may still run) is never touched here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import sqlalchemy as sa
+
+from models import WorkReceipt, db_now
+from tasks import ledger
+from tasks.constants import EV_RECEIPTS_RELEASED, RECEIPT_HELD, RECEIPT_RELEASED
+from tasks.db import session_scope
+from tasks.fence import lock_run
+from tasks.workreceipts import owner_live
+
+log = logging.getLogger("playrun.release")
+
+ORPHAN_BATCH = 200
+
+
+def release_receipts(run_id: str, generation: int) -> int:
+    """Release what attempt `generation` of the run still holds; returns how many."""
+    with session_scope() as session:
+        run = lock_run(session, run_id)  # run row first, as every writer does: no deadlock
+        released = int(session.execute(
+            sa.update(WorkReceipt)
+            .where(WorkReceipt.owner_run_id == run_id,
+                   WorkReceipt.owner_generation == generation,
+                   WorkReceipt.status.in_(list(RECEIPT_HELD)),
+                   ~owner_live())
+            .values(status=RECEIPT_RELEASED, released_at=db_now(), updated_at=db_now())
+        ).rowcount)  # type: ignore[attr-defined]
+        if released and run is not None:  # a purged run has no ledger left to tell
+            ledger.append(session, run_id, EV_RECEIPTS_RELEASED, {"count": released},
+                          generation)
+    if released:
+        log.info("released %d receipt(s) of run %s gen %s", released, run_id, generation)
+    return released
+
+
+def release_orphans(limit: int = ORPHAN_BATCH) -> int:
+    """The reaper's retry: held receipts whose owner attempt is over. Never raises."""
+    try:
+        with session_scope(readonly=True) as session:
+            owners = session.execute(
+                sa.select(WorkReceipt.owner_run_id, WorkReceipt.owner_generation)
+                .where(WorkReceipt.status.in_(list(RECEIPT_HELD)), ~owner_live())
+                .distinct().limit(limit)).all()
+    except Exception:
+        log.exception("looking for orphaned receipts failed")
+        return 0
+    total = 0
+    for run_id, generation in owners:
+        try:
+            total += release_receipts(run_id, generation)
+        except Exception:
+            log.exception("releasing the receipts of run %s gen %s failed", run_id, generation)
+    return total

@@ -3,6 +3,7 @@
 from models.base import Base, JSONType, UTCDateTime, db_now, new_id
 from models.resources import CapacityLease, CapacityOrg, RuntimeResource, TrafficPolicy
 from models.runs import Attempt, EventDelivery, Outbox, PlayBundle, Run, RunEvent
+from models.sheets import Sheet, SheetRow, SheetWriteIntent
 
 __all__ = [
     "Attempt",
@@ -16,6 +17,9 @@ __all__ = [
     "Run",
     "RunEvent",
     "RuntimeResource",
+    "Sheet",
+    "SheetRow",
+    "SheetWriteIntent",
     "TrafficPolicy",
     "UTCDateTime",
     "db_now",

@@ -39,6 +39,10 @@ CANCELLED_CODE: Final = "CANCELLED"
 SANDBOX_START_FAILED: Final = "SANDBOX_START_FAILED"
 # Maintenance kept failing on this run (see tasks/maintenance/trouble.py).
 RUNTIME_INTERNAL_ERROR: Final = "RUNTIME_INTERNAL_ERROR"
+# Runtime sheets (SPEC 4.8): a writer superseded by a newer write version, and a gateway
+# without the write-intent start.
+RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Final = "RUNTIME_SHEET_ATTEMPT_SUPERSEDED"
+RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE: Final = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
 
 CAPACITY_EXCEEDED_MESSAGE: Final = (
     "This organization's execution concurrency limit is currently full."
@@ -78,6 +82,7 @@ PLAY_FILE: Final = "play.py"
 INPUT_FILE: Final = "input.json"
 RUNNER_FILE: Final = "runner.py"
 RUNNER_CLIENT_FILE: Final = "playrun_client.py"
+RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -105,5 +110,17 @@ MAX_RESULT_FILE_BYTES: Final = 2 * 1024 * 1024
 MAX_EVENT_BYTES: Final = 16 * 1024
 MAX_EVENTS_READ_BYTES: Final = 256 * 1024
 MAX_PLAY_BYTES: Final = 1024 * 1024
+# Runtime sheets: row states, write-intent kinds, and what one request may carry.
+SHEET_PENDING: Final = "pending"
+SHEET_DONE: Final = "done"
+SHEET_FAILED: Final = "failed"
+SHEET_ROW_STATUSES: Final = (SHEET_PENDING, SHEET_DONE, SHEET_FAILED)
+INTENT_STABLE: Final = "stable"  # one per (run, table), reused by every page and wake
+INTENT_LEGACY: Final = "legacy"  # minted by each legacy sheet_start without a version
+INTENT_ADMITTED: Final = "admitted"
+SHEET_MAX_PAGE_ROWS: Final = 2000
+SHEET_MAX_KEY_BYTES: Final = 1024
+SHEET_MAX_ROW_BYTES: Final = 64 * 1024
+SHEET_MAX_READ_BYTES: Final = 2 * 1024 * 1024
 # The development signing secret; refused when a PostgreSQL database is configured.
 DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"

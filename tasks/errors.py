@@ -87,7 +87,7 @@ class CapacityExceededError(PlayrunError):
 
 
 class RuntimeSheetWriteIntentUnavailableError(PlayrunError):
-    """The gateway does not offer the write-intent sheet start; never fall back to the legacy one."""
+    """The gateway does not offer the write-intent sheet start (never fall back to the legacy)."""
 
     code = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
 

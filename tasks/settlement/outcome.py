@@ -15,6 +15,8 @@ from tasks.constants import (
     OUTPUT_INVALID,
     RUN_TIMEOUT,
     RUNTIME_RUNNER_LOST,
+    RUNTIME_SHEET_ATTEMPT_SUPERSEDED,
+    RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE,
     SUCCEEDED,
 )
 from tasks.errors import DocumentInvalidError
@@ -22,7 +24,7 @@ from tasks.untrusted import encoded_size, storable_text
 
 _KNOWN_CODES = frozenset({
     "PLAY_NOT_FOUND", "PLAY_INVALID", "PLAY_ERROR", "OUTPUT_INVALID", "INPUT_INVALID",
-    "RUN_TIMEOUT",
+    "RUN_TIMEOUT", RUNTIME_SHEET_ATTEMPT_SUPERSEDED, RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE,
 })
 MAX_ERROR_CHARS = 8192
 

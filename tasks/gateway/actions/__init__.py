@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from tasks.gateway.actions import complete, events, heartbeat
+from tasks.gateway.actions import complete, events, heartbeat, sheets
 from tasks.gateway.actions.base import Action, ActionRequest, Context
-from tasks.gateway.tokens import RUN_COMPLETE, RUN_HEARTBEAT, RUN_LEDGER_PROJECT
+from tasks.gateway.tokens import (
+    RUN_COMPLETE,
+    RUN_HEARTBEAT,
+    RUN_LEDGER_PROJECT,
+    SHEET_READ,
+    SHEET_WRITE,
+)
 
 ACTIONS: dict[str, Action] = {
     a.name: a for a in (
         Action("heartbeat", RUN_HEARTBEAT, heartbeat.Heartbeat, heartbeat.handle),
         Action("append_run_events", RUN_LEDGER_PROJECT, events.AppendRunEvents, events.handle),
         Action("complete", RUN_COMPLETE, complete.Complete, complete.handle),
+        Action("sheet_start", SHEET_WRITE, sheets.SheetStart, sheets.start),
+        Action("sheet_start_with_intent", SHEET_WRITE, sheets.SheetStartWithIntent,
+               sheets.start_with_intent),
+        Action("sheet_write", SHEET_WRITE, sheets.SheetWrite, sheets.write),
+        Action("sheet_read", SHEET_READ, sheets.SheetRead, sheets.read),
     )
 }
 

@@ -1,0 +1,308 @@
+"""Runtime sheets in SQL: pages admitted under a write version, row writes fenced by it.
+
+The gateway's sheet actions call these inside the transaction that holds the launch
+fence. Locks are always taken in one order: run, attempt (the fence), sheet (its
+version counter, only when a version is minted), then rows in ascending key order, so
+concurrent admissions and writes of one sheet cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from models import Sheet, SheetRow, SheetWriteIntent, db_now
+from tasks.constants import (
+    INTENT_ADMITTED,
+    INTENT_LEGACY,
+    INTENT_STABLE,
+    SHEET_DONE,
+    SHEET_FAILED,
+    SHEET_MAX_READ_BYTES,
+    SHEET_PENDING,
+)
+from tasks.db import is_postgres
+from tasks.errors import SheetWriteIntentInvalidError, SheetWriteVersionMismatchError
+from tasks.untrusted import encoded_size
+
+# Why a row write (or a row of an admitted page) was refused (SPEC 4.8).
+NEWER = "newer_write_version"  # a later admission owns the row
+OLDER = "older_write_version"  # the row was never admitted under the writer's version
+ALREADY_TERMINAL = "already_terminal"  # same version, result already written: benign
+UNREPORTED = "unreported"
+
+
+def play_name(play_path: str) -> str:
+    """`plays/enrich.py` -> `enrich`: sheets and receipts are scoped by it."""
+    return PurePosixPath(play_path.replace("\\", "/")).stem
+
+
+def _insert(session: Session) -> Any:
+    return pg_insert if is_postgres(session) else sqlite_insert
+
+
+# --- sheets and versions ---------------------------------------------------------------
+
+def find_sheet(session: Session, org_id: str, play: str, name: str) -> int | None:
+    return session.scalar(sa.select(Sheet.id).where(
+        Sheet.org_id == org_id, Sheet.play == play, Sheet.name == name))
+
+
+def ensure_sheet(session: Session, org_id: str, play: str, name: str) -> int:
+    found = find_sheet(session, org_id, play, name)
+    if found is None:
+        session.execute(_insert(session)(Sheet)
+                        .values(org_id=org_id, play=play, name=name, last_version=0)
+                        .on_conflict_do_nothing(index_elements=["org_id", "play", "name"]))
+        found = find_sheet(session, org_id, play, name)
+    assert found is not None
+    return found
+
+
+def mint_version(session: Session, sheet_id: int) -> int:
+    """The sheet's next write version: newer than all before it (the row lock orders them)."""
+    return int(session.execute(
+        sa.update(Sheet).where(Sheet.id == sheet_id)
+        .values(last_version=Sheet.last_version + 1)
+        .returning(Sheet.last_version)
+        .execution_options(synchronize_session=False)).scalar_one())
+
+
+@dataclass(frozen=True)
+class Resolved:
+    version: int
+    minted: bool  # this call stored the intent
+    lost_race: bool  # a concurrent first admission stored it first; its version is used
+
+
+def _stable_intent(session: Session, sheet_id: int, run_id: str) -> Any:
+    return session.execute(
+        sa.select(SheetWriteIntent.version, SheetWriteIntent.run_id, SheetWriteIntent.kind,
+                  SheetWriteIntent.status)
+        .where(SheetWriteIntent.sheet_id == sheet_id, SheetWriteIntent.intent_key == run_id)
+    ).first()
+
+
+def check_intent(intent: Any, run_id: str, table: str, caller_version: int | None) -> int:
+    """The admitted version of a stored intent, or an error; never a silent overwrite."""
+    if intent is None:
+        raise SheetWriteIntentInvalidError(f"table {table!r} has no stored write intent "
+                                           f"for run {run_id}")
+    version, owner, kind, status = intent
+    if owner != run_id:
+        raise SheetWriteIntentInvalidError(
+            f"the write intent of table {table!r} belongs to run {owner}, not {run_id}")
+    if kind != INTENT_STABLE or status != INTENT_ADMITTED:
+        raise SheetWriteIntentInvalidError(
+            f"the write intent of table {table!r} is {kind}/{status}, not "
+            f"{INTENT_STABLE}/{INTENT_ADMITTED}")
+    if not isinstance(version, int) or isinstance(version, bool) or version <= 0:
+        raise SheetWriteIntentInvalidError(
+            f"the write intent of table {table!r} does not hold an admitted version")
+    if caller_version is not None and caller_version != version:
+        raise SheetWriteVersionMismatchError(
+            f"write version {caller_version} disagrees with version {version} admitted "
+            f"for table {table!r} by run {run_id}")
+    return version
+
+
+def resolve_stable_intent(session: Session, sheet_id: int, run_id: str, generation: int,
+                          table: str, caller_version: int | None) -> Resolved:
+    """The run's one write version for this sheet, stored on first admission.
+
+    Insert-if-absent in the caller's transaction (so it commits with the page's rows);
+    a losing concurrent insert re-reads the winner and never uses its own candidate.
+    """
+    intent = _stable_intent(session, sheet_id, run_id)
+    minted = lost = False
+    if intent is None:
+        candidate = mint_version(session, sheet_id)
+        intent = session.execute(
+            _insert(session)(SheetWriteIntent)
+            .values(sheet_id=sheet_id, version=candidate, run_id=run_id, generation=generation,
+                    kind=INTENT_STABLE, status=INTENT_ADMITTED, intent_key=run_id)
+            .on_conflict_do_nothing(index_elements=["sheet_id", "intent_key"])
+            .returning(SheetWriteIntent.version, SheetWriteIntent.run_id,
+                       SheetWriteIntent.kind, SheetWriteIntent.status)).first()
+        if intent is None:
+            # The conflicting insert committed first; under READ COMMITTED only a new
+            # statement sees it. The candidate is burnt: versions stay newer, not dense.
+            intent = _stable_intent(session, sheet_id, run_id)
+            lost = True
+        else:
+            minted = True
+    return Resolved(check_intent(intent, run_id, table, caller_version), minted, lost)
+
+
+def mint_legacy(session: Session, sheet_id: int, run_id: str, generation: int) -> int:
+    """The legacy start: a fresh version on every call without one (a retry re-admits)."""
+    version = mint_version(session, sheet_id)
+    session.add(SheetWriteIntent(sheet_id=sheet_id, version=version, run_id=run_id,
+                                 generation=generation, kind=INTENT_LEGACY,
+                                 status=INTENT_ADMITTED, intent_key=None))
+    session.flush()
+    return version
+
+
+def admitted_version(session: Session, sheet_id: int | None, run_id: str, version: int,
+                     table: str) -> int:
+    """A caller's version must be one this run admitted for this table, and still open."""
+    intent = None if sheet_id is None else session.execute(
+        sa.select(SheetWriteIntent.run_id, SheetWriteIntent.status)
+        .where(SheetWriteIntent.sheet_id == sheet_id, SheetWriteIntent.version == version)
+    ).first()
+    if intent is None or intent[0] != run_id:
+        raise SheetWriteVersionMismatchError(
+            f"write version {version} was never admitted by run {run_id} for table {table!r}")
+    if intent[1] != INTENT_ADMITTED:
+        raise SheetWriteIntentInvalidError(
+            f"write version {version} of table {table!r} is {intent[1]}, not {INTENT_ADMITTED}")
+    return version
+
+
+# --- admission -------------------------------------------------------------------------
+
+@dataclass
+class Admission:
+    """A page's rows as the admission left them, for the runner."""
+
+    version: int
+    todo: list[str] = field(default_factory=list)  # admitted, no result yet under `version`
+    done: list[dict[str, Any]] = field(default_factory=list)  # written under `version`
+    superseded: list[dict[str, Any]] = field(default_factory=list)  # a newer version owns
+
+    def as_dict(self, table: str) -> dict[str, Any]:
+        return {"table": table, "write_version": self.version, "todo": self.todo,
+                "done": self.done, "superseded": self.superseded}
+
+
+def admit_page(session: Session, sheet_id: int, version: int,
+               rows: Sequence[tuple[str, dict[str, Any]]]) -> Admission:
+    """Admit rows under `version`: new rows are inserted, rows of older versions re-admitted
+    (their results cleared), rows of this version kept, rows of newer versions left alone."""
+    admission = Admission(version)
+    if not rows:
+        return admission
+    ordered = sorted(rows, key=lambda r: r[0])  # ascending key order: the lock order
+    insert = _insert(session)(SheetRow).values([
+        {"sheet_id": sheet_id, "key": key, "data": data, "status": SHEET_PENDING,
+         "write_version": version} for key, data in ordered])
+    session.execute(insert.on_conflict_do_update(
+        index_elements=[SheetRow.sheet_id, SheetRow.key],
+        set_={"data": insert.excluded.data, "status": SHEET_PENDING, "result": sa.null(),
+              "error": None, "write_version": insert.excluded.write_version,
+              "updated_at": db_now()},
+        where=SheetRow.write_version < insert.excluded.write_version))
+    keys = [key for key, _ in rows]
+    state = {r.key: r for r in session.execute(
+        sa.select(SheetRow.key, SheetRow.status, SheetRow.write_version, SheetRow.result,
+                  SheetRow.error)
+        .where(SheetRow.sheet_id == sheet_id, SheetRow.key.in_(keys)))}
+    for key in keys:
+        row = state[key]
+        if row.write_version > version:
+            admission.superseded.append({"key": key, "reason": NEWER,
+                                         "write_version": row.write_version})
+        elif row.status == SHEET_PENDING:
+            admission.todo.append(key)
+        elif row.status == SHEET_DONE:
+            admission.done.append({"key": key, "status": SHEET_DONE, "result": row.result})
+        else:
+            admission.done.append({"key": key, "status": SHEET_FAILED, "error": row.error})
+    return admission
+
+
+# --- row writes ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RowWrite:
+    key: str
+    status: str  # done or failed
+    result: Any = None
+    error: str | None = None
+
+
+def _reason(stamp: int | None, status: str | None, version: int) -> str:
+    if stamp is None or stamp < version:
+        return OLDER
+    if stamp > version:
+        return NEWER
+    return ALREADY_TERMINAL if status != SHEET_PENDING else UNREPORTED
+
+
+def write_rows(session: Session, sheet_id: int, version: int,
+               rows: Sequence[RowWrite]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Write results of rows admitted under `version`; (written keys, rejected rows).
+
+    The rows are locked in key order first (the lock order), then updated in one
+    statement whose WHERE is the version fence: a row another version owns is untouched.
+    """
+    keys = sorted(r.key for r in rows)
+    current = sa.select(SheetRow.key, SheetRow.write_version, SheetRow.status).where(
+        SheetRow.sheet_id == sheet_id, SheetRow.key.in_(keys)).order_by(SheetRow.key)
+    if is_postgres(session):
+        current = current.with_for_update()
+    state = {r.key: (r.write_version, r.status) for r in session.execute(current)}
+    writable = [r for r in rows
+                if state.get(r.key) == (version, SHEET_PENDING)]
+    written: set[str] = set()
+    if writable:
+        def case(values: list[tuple[str, Any]], otherwise: Any) -> Any:
+            return sa.case(dict(values), value=SheetRow.key, else_=otherwise)
+
+        result = case([(r.key, sa.bindparam(None, r.result, type_=SheetRow.result.type)
+                        if r.status == SHEET_DONE else sa.null()) for r in writable],
+                      SheetRow.result)
+        written = set(session.scalars(
+            sa.update(SheetRow)
+            .where(SheetRow.sheet_id == sheet_id,
+                   SheetRow.key.in_([r.key for r in writable]),
+                   SheetRow.write_version == version, SheetRow.status == SHEET_PENDING)
+            .values(status=case([(r.key, r.status) for r in writable], SheetRow.status),
+                    result=result,
+                    error=case([(r.key, r.error) for r in writable], SheetRow.error),
+                    updated_at=db_now())
+            .returning(SheetRow.key)
+            .execution_options(synchronize_session=False)))
+    rejected = []
+    for r in rows:
+        if r.key in written:
+            continue
+        stamp, status = state.get(r.key, (None, None))
+        rejected.append({"key": r.key, "reason": _reason(stamp, status, version),
+                         "write_version": stamp})
+    return [r.key for r in rows if r.key in written], rejected
+
+
+# --- reads -----------------------------------------------------------------------------
+
+def read_rows(session: Session, sheet_id: int | None, *, keys: Sequence[str] | None = None,
+              after: str | None = None, limit: int = 500,
+              max_bytes: int = SHEET_MAX_READ_BYTES) -> tuple[list[dict[str, Any]], str | None]:
+    """Rows in key order, at most `limit` and about `max_bytes`; and the cursor after them."""
+    if sheet_id is None:
+        return [], None
+    stmt = sa.select(SheetRow).where(SheetRow.sheet_id == sheet_id).order_by(SheetRow.key)
+    if keys is not None:
+        stmt = stmt.where(SheetRow.key.in_(list(keys)))
+    if after is not None:
+        stmt = stmt.where(SheetRow.key > after)
+    out: list[dict[str, Any]] = []
+    size = 0
+    more = False
+    for row in session.scalars(stmt.limit(limit + 1)):
+        if len(out) == limit or (out and size > max_bytes):
+            more = True
+            break
+        item = {"key": row.key, "status": row.status, "write_version": row.write_version,
+                "data": row.data, "result": row.result, "error": row.error}
+        size += encoded_size(item)
+        out.append(item)
+    return out, (out[-1]["key"] if more and out else None)

@@ -5,6 +5,7 @@ validation that refuses instead of overwriting, and hostile input."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from tasks.gateway import tokens
 from tasks.sheets import store
 from tests.conftest import Gateway
 from tests.sheet_support import (
+    ORG_PREFIX,
     PLAY_NAME,
     Launched,
     call,
@@ -31,7 +33,13 @@ from tests.sheet_support import (
     start,
     write,
 )
-from tests.support import new_run, supersede
+from tests.support import close_open_runs, new_run, supersede
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_hand_driven_runs(pg_url: str) -> Iterator[None]:
+    yield
+    close_open_runs(ORG_PREFIX)
 
 
 def test_the_intent_start_stores_one_version_reused_by_pages_and_retries(
@@ -359,7 +367,7 @@ def test_racing_first_admissions_reread_the_winner_without_the_fence_lock(pg_url
     rounds of 10 transactions racing the same first admission (1,000 races)."""
     divergent = lost = 0
     for _ in range(100):
-        run_id = new_run()
+        run_id = new_run(new_org())
         with session_scope() as s:
             sheet_id = store.ensure_sheet(s, new_org(), "race", "t")
         barrier = threading.Barrier(10)

@@ -92,8 +92,7 @@ class MapResult(list[Any]):
         self.errors: dict[str, str] = {}
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+_compact = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode
 
 
 def _size(text: str) -> int:
@@ -102,6 +101,9 @@ def _size(text: str) -> int:
 
 def _unstorable(value: Any) -> str | None:
     """Why the gateway would refuse this JSON value (depth, integer range), or None."""
+    if not isinstance(value, dict | list | tuple):
+        big = isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT
+        return "it holds an integer beyond 64 bits" if big else None
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -162,6 +164,8 @@ class Sheet:
         self.page_rows = page_rows or _env_int("PLAYRUN_SHEET_PAGE_ROWS", PAGE_ROWS)
         self.write_rows = write_rows or _env_int("PLAYRUN_SHEET_WRITE_ROWS", WRITE_ROWS)
         self.write_version: int | None = None
+        self._done = self._total = 0
+        self._reported = 0.0
 
     # --- the gateway -------------------------------------------------------------------
 
@@ -268,8 +272,10 @@ class Sheet:
         if page:
             yield page
 
-    def _outcome(self, fn: Callable[[Any], Any], row: dict[str, Any]) -> tuple[Any, str | None]:
-        """fn(row) as (result, None) or (None, error); only the row fails, never the map."""
+    @staticmethod
+    def _outcome(fn: Callable[[Any], Any], row: dict[str, Any]) -> tuple[Any, str | None, int]:
+        """fn(row) as (result, None, bytes) or (None, error, bytes): only the row fails, never
+        the map. A result is returned as JSON stores it (tuples become lists), as on a wake."""
         try:
             value = fn(row)
         except Exception as exc:  # noqa: BLE001 - the row's error is its outcome
@@ -277,31 +283,34 @@ class Sheet:
                 text = f"{type(exc).__name__}: {exc}"
             except Exception:  # noqa: BLE001 - a broken __str__
                 text = type(exc).__name__
-            return None, text[:MAX_ERROR_CHARS]
+            return None, text[:MAX_ERROR_CHARS], len(text)
         try:
             encoded = _compact(value)
         except (TypeError, ValueError, RecursionError) as exc:
-            return None, f"the result is not JSON: {exc}"[:MAX_ERROR_CHARS]
-        if _size(encoded) > MAX_ROW_BYTES:
-            return None, f"the result is {_size(encoded)} bytes; the limit is {MAX_ROW_BYTES}"
+            text = f"the result is not JSON: {exc}"[:MAX_ERROR_CHARS]
+            return None, text, len(text)
+        size = _size(encoded)
+        if size > MAX_ROW_BYTES:
+            return None, f"the result is {size} bytes; the limit is {MAX_ROW_BYTES}", 100
         problem = _unstorable(value)
         if problem:
-            return None, f"the result cannot be stored: {problem}"
-        return json.loads(encoded), None
+            return None, f"the result cannot be stored: {problem}", 100
+        stored = json.loads(encoded) if isinstance(value, dict | list | tuple) else value
+        return stored, None, size
 
-    def _progress(self, done: int, total: int) -> None:
+    def _progress(self, *, force: bool = False) -> None:
+        """Rows done of the map's total, to the run's ledger: at most once a second."""
+        now = time.monotonic()
         log = getattr(self._ctx, "log", None)
-        if log is not None:
-            log(f"sheet {self.table}: {done}/{total} rows", table=self.table, done=done,
-                total=total)
+        if log is None or not (force or now - self._reported >= PROGRESS_EVERY_S):
+            return
+        self._reported = now
+        log(f"sheet {self.table}: {self._done}/{self._total} rows", table=self.table,
+            done=self._done, total=self._total)
 
-    def map(self, rows: Iterable[Any], fn: Callable[[Any], Any], *, key: str) -> MapResult:
-        """fn(row) for each row not already done under this run's write intent, in pages;
-        the results (stored ones for rows already done) in row order."""
-        if not callable(fn):
-            raise TypeError("map needs a callable fn(row)")
-        if not isinstance(key, str) or not key:
-            raise TypeError("map needs key=, the name of each row's identifying field")
+    @staticmethod
+    def _prepare(rows: Iterable[Any], key: str) -> tuple[list[Any], list[str], list[int]]:
+        """The rows, their keys and sizes; every row checked before anything is sent."""
         items = list(rows)
         keys = [row_key(row, key, i) for i, row in enumerate(items)]
         first: dict[str, int] = {}
@@ -321,51 +330,62 @@ class Sheet:
             if problem:
                 raise ValueError(f"row {i} cannot be stored: {problem}")
             sizes.append(size + len(keys[i]))
+        return items, keys, sizes
+
+    def map(self, rows: Iterable[Any], fn: Callable[[Any], Any], *, key: str) -> MapResult:
+        """fn(row) for each row not already done under this run's write intent, in pages;
+        the results (stored ones for rows already done) in row order."""
+        if not callable(fn):
+            raise TypeError("map needs a callable fn(row)")
+        if not isinstance(key, str) or not key:
+            raise TypeError("map needs key=, the name of each row's identifying field")
+        items, keys, sizes = self._prepare(rows, key)
         results = MapResult(len(items))
-        total, done = len(items), 0
-        last_progress = time.monotonic()
+        self._done, self._total = 0, len(items)
+        self._reported = time.monotonic()
         for page in self._pages(list(range(len(items))), sizes, self.page_rows):
-            answer = self._admit([(keys[i], items[i]) for i in page])
-            for row in answer.get("done") or []:
-                i = first[row["key"]]
+            self._map_page(page, items, keys, fn, results)
+        self._progress(force=True)
+        return results
+
+    def _map_page(self, page: list[int], items: list[Any], keys: list[str],
+                  fn: Callable[[Any], Any], results: MapResult) -> None:
+        answer = self._admit([(keys[i], items[i]) for i in page])
+        todo = set(answer.get("todo") or [])
+        reused = {r.get("key"): r for r in answer.get("done") or [] if isinstance(r, dict)}
+        if len(todo) + len(reused) != len(page) or \
+                not all(keys[i] in todo or keys[i] in reused for i in page):
+            raise SheetError(f"sheet {self.table!r}: the gateway's answer does not account "
+                             f"for the {len(page)} rows of the page")
+        pending: list[dict[str, Any]] = []
+        pending_bytes = 0
+        last_flush = time.monotonic()
+        for i in page:
+            if keys[i] in reused:  # done under this intent already: its stored outcome
+                row = reused[keys[i]]
                 results[i] = row.get("result")
                 if row.get("status") == "failed":
-                    results.errors[row["key"]] = str(row.get("error"))
-                done += 1
-            todo = set(answer.get("todo") or [])
-            pending: list[dict[str, Any]] = []
-            pending_bytes = 0
-            last_flush = time.monotonic()
-            for i in page:
-                if keys[i] not in todo:
-                    continue
-                value, error = self._outcome(fn, items[i])
-                results[i] = value
-                item: dict[str, Any]
-                if error is None:
-                    item = {"key": keys[i], "status": "done", "result": value}
-                else:
-                    results.errors[keys[i]] = error
-                    item = {"key": keys[i], "status": "failed", "error": error}
-                pending.append(item)
-                pending_bytes += _size(_compact(item))
-                done += 1
-                now = time.monotonic()
-                if len(pending) >= self.write_rows or pending_bytes > MAX_REQUEST_BYTES // 2 \
-                        or now - last_flush >= FLUSH_EVERY_S:
-                    self._write(pending)
-                    pending, pending_bytes, last_flush = [], 0, now
-                if now - last_progress >= PROGRESS_EVERY_S:
-                    self._progress(done, total)
-                    last_progress = now
-            if pending:
+                    results.errors[keys[i]] = str(row.get("error"))
+                self._done += 1
+                continue
+            value, error, size = self._outcome(fn, items[i])
+            results[i] = value
+            if error is None:
+                pending.append({"key": keys[i], "status": "done", "result": value})
+            else:
+                results.errors[keys[i]] = error
+                pending.append({"key": keys[i], "status": "failed", "error": error})
+            pending_bytes += len(keys[i]) + size + 64
+            self._done += 1
+            now = time.monotonic()
+            if len(pending) >= self.write_rows or pending_bytes > MAX_REQUEST_BYTES // 2 \
+                    or now - last_flush >= FLUSH_EVERY_S:
                 self._write(pending)
-            answered = len(todo) + len(answer.get("done") or [])
-            if answered != len(page):
-                raise SheetError(f"sheet {self.table!r}: the gateway answered for {answered} "
-                                 f"of {len(page)} rows of a page")
-        self._progress(done, total)
-        return results
+                pending, pending_bytes, last_flush = [], 0, now
+            self._progress()
+        if pending:
+            self._write(pending)
+        self._progress()
 
     # --- reads -------------------------------------------------------------------------
 

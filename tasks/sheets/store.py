@@ -8,12 +8,14 @@ concurrent admissions and writes of one sheet cannot deadlock.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -37,6 +39,8 @@ NEWER = "newer_write_version"  # a later admission owns the row
 OLDER = "older_write_version"  # the row was never admitted under the writer's version
 ALREADY_TERMINAL = "already_terminal"  # same version, result already written: benign
 UNREPORTED = "unreported"
+# The rows' Core table: bulk statements skip the ORM's per-row bookkeeping.
+ROWS = cast(sa.Table, SheetRow.__table__)
 
 
 def play_name(play_path: str) -> str:
@@ -167,6 +171,38 @@ def admitted_version(session: Session, sheet_id: int | None, run_id: str, versio
     return version
 
 
+# --- rows as one parameter ------------------------------------------------------------
+
+def _records(session: Session, items: list[dict[str, Any]], columns: tuple[str, ...]) -> Any:
+    """A derived table of text columns from one JSON-array parameter: the statement is the
+    same whatever the number of rows, so it is compiled once and planned cheaply."""
+    doc = sa.bindparam("records", json.dumps(items, ensure_ascii=False, separators=(",", ":")),
+                       type_=sa.Text)
+    if is_postgres(session):
+        return sa.func.jsonb_to_recordset(sa.cast(doc, JSONB)).table_valued(
+            *(sa.column(c, sa.Text) for c in columns)).render_derived(name="r", with_types=True)
+    each = sa.func.json_each(doc).table_valued("value").alias("e")
+    return sa.select(*(sa.type_coerce(sa.func.json_extract(each.c.value, f"$.{c}"), sa.Text)
+                       .label(c) for c in columns)).select_from(each).subquery("r")
+
+
+def _json(session: Session, text: Any) -> Any:
+    """JSON text as a value of the JSON columns (SQLite stores the text itself)."""
+    if is_postgres(session):
+        return sa.cast(text, JSONB)
+    return sa.type_coerce(text, SheetRow.data.type)
+
+
+def _key_order(session: Session, key: Any) -> Any:
+    # Code point order: the rows' collation, so every statement locks rows in one order.
+    return key.collate("C") if is_postgres(session) else key
+
+
+def _keys(session: Session, keys: Sequence[str]) -> Any:
+    recs = _records(session, [{"k": k} for k in keys], ("k",))
+    return sa.select(recs.c.k)
+
+
 # --- admission -------------------------------------------------------------------------
 
 @dataclass
@@ -190,22 +226,30 @@ def admit_page(session: Session, sheet_id: int, version: int,
     admission = Admission(version)
     if not rows:
         return admission
-    ordered = sorted(rows, key=lambda r: r[0])  # ascending key order: the lock order
-    insert = _insert(session)(SheetRow).values([
-        {"sheet_id": sheet_id, "key": key, "data": data, "status": SHEET_PENDING,
-         "write_version": version} for key, data in ordered])
+    recs = _records(session, [
+        {"key": key, "data": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}
+        for key, data in sorted(rows, key=lambda r: r[0])], ("key", "data"))
+    source = sa.select(sa.bindparam("sheet_id", sheet_id, type_=sa.BigInteger), recs.c.key,
+                       _json(session, recs.c.data),
+                       sa.bindparam("pending", SHEET_PENDING, type_=sa.String),
+                       sa.bindparam("version", version, type_=sa.BigInteger)) \
+        .order_by(_key_order(session, recs.c.key))
+    if not is_postgres(session):
+        source = source.where(sa.true())  # SQLite: an upsert's SELECT needs a WHERE
+    insert = _insert(session)(ROWS).from_select(
+        ["sheet_id", "key", "data", "status", "write_version"], source)
     session.execute(insert.on_conflict_do_update(
-        index_elements=[SheetRow.sheet_id, SheetRow.key],
+        index_elements=[ROWS.c.sheet_id, ROWS.c.key],
         set_={"data": insert.excluded.data, "status": SHEET_PENDING, "result": sa.null(),
               "error": None, "write_version": insert.excluded.write_version,
               "updated_at": db_now()},
-        where=SheetRow.write_version < insert.excluded.write_version))
-    keys = [key for key, _ in rows]
+        where=ROWS.c.write_version < insert.excluded.write_version))
     state = {r.key: r for r in session.execute(
         sa.select(SheetRow.key, SheetRow.status, SheetRow.write_version, SheetRow.result,
                   SheetRow.error)
-        .where(SheetRow.sheet_id == sheet_id, SheetRow.key.in_(keys)))}
-    for key in keys:
+        .where(SheetRow.sheet_id == sheet_id,
+               SheetRow.key.in_(_keys(session, [key for key, _ in rows]))))}
+    for key, _ in rows:
         row = state[key]
         if row.write_version > version:
             admission.superseded.append({"key": key, "reason": NEWER,
@@ -244,33 +288,27 @@ def write_rows(session: Session, sheet_id: int, version: int,
     The rows are locked in key order first (the lock order), then updated in one
     statement whose WHERE is the version fence: a row another version owns is untouched.
     """
-    keys = sorted(r.key for r in rows)
     current = sa.select(SheetRow.key, SheetRow.write_version, SheetRow.status).where(
-        SheetRow.sheet_id == sheet_id, SheetRow.key.in_(keys)).order_by(SheetRow.key)
+        SheetRow.sheet_id == sheet_id, SheetRow.key.in_(_keys(session, [r.key for r in rows]))
+    ).order_by(SheetRow.key)
     if is_postgres(session):
         current = current.with_for_update()
     state = {r.key: (r.write_version, r.status) for r in session.execute(current)}
-    writable = [r for r in rows
-                if state.get(r.key) == (version, SHEET_PENDING)]
+    writable = [r for r in rows if state.get(r.key) == (version, SHEET_PENDING)]
     written: set[str] = set()
     if writable:
-        def case(values: list[tuple[str, Any]], otherwise: Any) -> Any:
-            return sa.case(dict(values), value=SheetRow.key, else_=otherwise)
-
-        result = case([(r.key, sa.bindparam(None, r.result, type_=SheetRow.result.type)
-                        if r.status == SHEET_DONE else sa.null()) for r in writable],
-                      SheetRow.result)
+        recs = _records(session, [
+            {"key": r.key, "status": r.status, "error": r.error,
+             "result": None if r.status != SHEET_DONE else
+             json.dumps(r.result, ensure_ascii=False, separators=(",", ":"))}
+            for r in sorted(writable, key=lambda r: r.key)], ("key", "status", "result", "error"))
         written = set(session.scalars(
-            sa.update(SheetRow)
-            .where(SheetRow.sheet_id == sheet_id,
-                   SheetRow.key.in_([r.key for r in writable]),
-                   SheetRow.write_version == version, SheetRow.status == SHEET_PENDING)
-            .values(status=case([(r.key, r.status) for r in writable], SheetRow.status),
-                    result=result,
-                    error=case([(r.key, r.error) for r in writable], SheetRow.error),
-                    updated_at=db_now())
-            .returning(SheetRow.key)
-            .execution_options(synchronize_session=False)))
+            sa.update(ROWS)
+            .where(ROWS.c.sheet_id == sheet_id, ROWS.c.key == recs.c.key,
+                   ROWS.c.write_version == version, ROWS.c.status == SHEET_PENDING)
+            .values(status=recs.c.status, result=_json(session, recs.c.result),
+                    error=recs.c.error, updated_at=db_now())
+            .returning(ROWS.c.key)))
     rejected = []
     for r in rows:
         if r.key in written:
@@ -291,7 +329,7 @@ def read_rows(session: Session, sheet_id: int | None, *, keys: Sequence[str] | N
         return [], None
     stmt = sa.select(SheetRow).where(SheetRow.sheet_id == sheet_id).order_by(SheetRow.key)
     if keys is not None:
-        stmt = stmt.where(SheetRow.key.in_(list(keys)))
+        stmt = stmt.where(SheetRow.key.in_(_keys(session, keys)))
     if after is not None:
         stmt = stmt.where(SheetRow.key > after)
     out: list[dict[str, Any]] = []

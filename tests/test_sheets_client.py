@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 
 import tasks
 from tasks.execution import runner_sheets
+from tasks.execution.launch import runner_env
 from tasks.execution.runner_sheets import (
     RuntimeSheetAttemptSupersededError,
     RuntimeSheetStop,
@@ -28,7 +30,9 @@ from tasks.execution.runner_sheets import (
 from tasks.execution.runner_sheets import (
     Sheet as SheetClient,
 )
+from tasks.fence import Fence
 from tasks.gateway import tokens
+from tasks.settings import Settings
 from tests.conftest import Gateway
 from tests.helpers import eventually
 from tests.sheet_support import (
@@ -392,3 +396,19 @@ def test_a_runner_without_a_gateway_cannot_use_sheets(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "result.json").read_text())
     assert (result["status"], result["code"]) == ("failed", "PLAY_ERROR")
     assert "runtime sheets need the gateway" in result["error"]
+
+
+def test_page_and_write_sizes_are_settings_handed_to_the_runner(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (Settings().sheet_page_rows, Settings().sheet_write_rows) == (500, 200)
+    monkeypatch.setenv("PLAYRUN_SHEET_PAGE_ROWS", "50")
+    monkeypatch.setenv("PLAYRUN_SHEET_WRITE_ROWS", "20")
+    settings = Settings()
+    env = runner_env(Fence("r", 1, "t"), "acme", "l", settings)
+    assert (env["PLAYRUN_SHEET_PAGE_ROWS"], env["PLAYRUN_SHEET_WRITE_ROWS"]) == ("50", "20")
+    monkeypatch.setattr(os, "environ", {**os.environ, **env})
+    sheet = SheetClient(SimpleNamespace(), "t")
+    assert (sheet.page_rows, sheet.write_rows) == (50, 20)
+    monkeypatch.setenv("PLAYRUN_SHEET_PAGE_ROWS", "5000")
+    with pytest.raises(ValueError, match="sheet_page_rows"):
+        Settings()

@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -198,9 +198,31 @@ def _key_order(session: Session, key: Any) -> Any:
     return key.collate("C") if is_postgres(session) else key
 
 
-def _keys(session: Session, keys: Sequence[str]) -> Any:
-    recs = _records(session, [{"k": k} for k in keys], ("k",))
-    return sa.select(recs.c.k)
+def _lookup(session: Session, sheet_id: int, keys: Sequence[str], columns: Sequence[Any], *,
+            lock: bool = False) -> list[Any]:
+    """The rows of these keys (those that exist), in the order of `keys`.
+
+    On PostgreSQL each key is its own primary-key probe (a LATERAL lookup): the planner
+    cannot turn it into a scan of the whole sheet, whatever its statistics say about a
+    sheet that grew a minute ago. With `lock`, rows are locked in the order of `keys`.
+    """
+    if not keys:
+        return []
+    if not is_postgres(session):
+        recs = _records(session, [{"k": k} for k in keys], ("k",))
+        found = {r.key: r for r in session.execute(
+            sa.select(*columns).where(SheetRow.sheet_id == sheet_id,
+                                      SheetRow.key.in_(sa.select(recs.c.k))))}
+        return [found[k] for k in keys if k in found]
+    wanted = sa.func.unnest(sa.bindparam("keys", list(keys), type_=ARRAY(sa.Text))) \
+        .table_valued("key", with_ordinality="n").render_derived(name="k")
+    probe = sa.select(*columns).where(SheetRow.sheet_id == sheet_id,
+                                      SheetRow.key == wanted.c.key)
+    if lock:
+        probe = probe.with_for_update()
+    row = probe.lateral("r")
+    return list(session.execute(sa.select(*row.c).select_from(wanted)
+                                .join(row, sa.true()).order_by(wanted.c.n)))
 
 
 # --- admission -------------------------------------------------------------------------
@@ -244,11 +266,10 @@ def admit_page(session: Session, sheet_id: int, version: int,
               "error": None, "write_version": insert.excluded.write_version,
               "updated_at": db_now()},
         where=ROWS.c.write_version < insert.excluded.write_version))
-    state = {r.key: r for r in session.execute(
-        sa.select(SheetRow.key, SheetRow.status, SheetRow.write_version, SheetRow.result,
-                  SheetRow.error)
-        .where(SheetRow.sheet_id == sheet_id,
-               SheetRow.key.in_(_keys(session, [key for key, _ in rows]))))}
+    state = {r.key: r for r in _lookup(
+        session, sheet_id, [key for key, _ in rows],
+        (SheetRow.key, SheetRow.status, SheetRow.write_version, SheetRow.result,
+         SheetRow.error))}
     for key, _ in rows:
         row = state[key]
         if row.write_version > version:
@@ -285,30 +306,30 @@ def write_rows(session: Session, sheet_id: int, version: int,
                rows: Sequence[RowWrite]) -> tuple[list[str], list[dict[str, Any]]]:
     """Write results of rows admitted under `version`; (written keys, rejected rows).
 
-    The rows are locked in key order first (the lock order), then updated in one
-    statement whose WHERE is the version fence: a row another version owns is untouched.
+    The rows are locked in key order first (the lock order), then each is updated by a
+    statement whose WHERE is the version fence, so a row another version owns is never
+    touched; all of them in one round trip.
     """
-    current = sa.select(SheetRow.key, SheetRow.write_version, SheetRow.status).where(
-        SheetRow.sheet_id == sheet_id, SheetRow.key.in_(_keys(session, [r.key for r in rows]))
-    ).order_by(SheetRow.key)
-    if is_postgres(session):
-        current = current.with_for_update()
-    state = {r.key: (r.write_version, r.status) for r in session.execute(current)}
-    writable = [r for r in rows if state.get(r.key) == (version, SHEET_PENDING)]
-    written: set[str] = set()
+    ordered = sorted(rows, key=lambda r: r.key)
+    state = {r.key: (r.write_version, r.status) for r in _lookup(
+        session, sheet_id, [r.key for r in ordered],
+        (SheetRow.key, SheetRow.write_version, SheetRow.status), lock=is_postgres(session))}
+    writable = [r for r in ordered if state.get(r.key) == (version, SHEET_PENDING)]
     if writable:
-        recs = _records(session, [
-            {"key": r.key, "status": r.status, "error": r.error,
-             "result": None if r.status != SHEET_DONE else
-             json.dumps(r.result, ensure_ascii=False, separators=(",", ":"))}
-            for r in sorted(writable, key=lambda r: r.key)], ("key", "status", "result", "error"))
-        written = set(session.scalars(
-            sa.update(ROWS)
-            .where(ROWS.c.sheet_id == sheet_id, ROWS.c.key == recs.c.key,
-                   ROWS.c.write_version == version, ROWS.c.status == SHEET_PENDING)
-            .values(status=recs.c.status, result=_json(session, recs.c.result),
-                    error=recs.c.error, updated_at=db_now())
-            .returning(ROWS.c.key)))
+        fenced = sa.update(ROWS).where(
+            ROWS.c.sheet_id == sheet_id, ROWS.c.key == sa.bindparam("k"),
+            ROWS.c.write_version == version, ROWS.c.status == SHEET_PENDING,
+        ).values(status=sa.bindparam("s"), error=sa.bindparam("e"), updated_at=db_now(),
+                 result=sa.case((sa.bindparam("s") == SHEET_DONE,
+                                 sa.bindparam("r", type_=ROWS.c.result.type)),
+                                else_=sa.null()))
+        changed = session.execute(fenced, [
+            {"k": r.key, "s": r.status, "e": r.error, "r": r.result} for r in writable])
+        # The rows are locked and were read pending under `version`: each update matched.
+        if changed.rowcount != len(writable):  # type: ignore[attr-defined]
+            raise RuntimeError(f"{changed.rowcount} of {len(writable)} fenced row writes "  # type: ignore[attr-defined]
+                               "matched rows that were locked for them")
+    written = {r.key for r in writable}
     rejected = []
     for r in rows:
         if r.key in written:
@@ -327,15 +348,21 @@ def read_rows(session: Session, sheet_id: int | None, *, keys: Sequence[str] | N
     """Rows in key order, at most `limit` and about `max_bytes`; and the cursor after them."""
     if sheet_id is None:
         return [], None
-    stmt = sa.select(SheetRow).where(SheetRow.sheet_id == sheet_id).order_by(SheetRow.key)
+    columns = (SheetRow.key, SheetRow.status, SheetRow.write_version, SheetRow.data,
+               SheetRow.result, SheetRow.error)
+    found: Any
     if keys is not None:
-        stmt = stmt.where(SheetRow.key.in_(_keys(session, keys)))
-    if after is not None:
-        stmt = stmt.where(SheetRow.key > after)
+        wanted = sorted(k for k in set(keys) if after is None or k > after)
+        found = _lookup(session, sheet_id, wanted, columns)
+    else:
+        stmt = sa.select(*columns).where(SheetRow.sheet_id == sheet_id).order_by(SheetRow.key)
+        if after is not None:
+            stmt = stmt.where(SheetRow.key > after)
+        found = session.execute(stmt.limit(limit + 1))
     out: list[dict[str, Any]] = []
     size = 0
     more = False
-    for row in session.scalars(stmt.limit(limit + 1)):
+    for row in found:
         if len(out) == limit or (out and size > max_bytes):
             more = True
             break

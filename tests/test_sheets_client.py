@@ -110,6 +110,22 @@ def test_a_wake_of_the_same_run_reuses_its_intent_and_done_rows(gateway: Gateway
     assert len(intents(run.run_id)) == 1
 
 
+def test_a_wake_reads_back_outcomes_too_large_for_the_admission_answer(
+        gateway: Gateway) -> None:
+    run = launch()
+    rows = rows_of(40)
+
+    def big(row: dict[str, Any]) -> str:
+        return f"{row['n']}:" + "x" * 60_000  # 40 results of 60 kB: more than one answer
+
+    SheetClient(PlayCtx(run, gateway.url), "companies").map(rows, big, key="domain")
+    ctx = PlayCtx(run, gateway.url)
+    woken = SheetClient(ctx, "companies").map(rows, lambda r: pytest.fail("re-done"),
+                                              key="domain")
+    assert woken == [big(r) for r in rows]
+    assert ctx.actions("sheet_read") and not ctx.actions("sheet_write")
+
+
 def test_a_lost_admission_answer_is_retried_under_the_same_version(gateway: Gateway) -> None:
     run = launch()
     proxy = LossyProxy(gateway.url, "sheet_start_with_intent", drop=2)

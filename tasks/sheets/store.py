@@ -26,7 +26,6 @@ from tasks.constants import (
     INTENT_LEGACY,
     INTENT_STABLE,
     SHEET_DONE,
-    SHEET_FAILED,
     SHEET_MAX_READ_BYTES,
     SHEET_PENDING,
 )
@@ -270,6 +269,7 @@ def admit_page(session: Session, sheet_id: int, version: int,
         session, sheet_id, [key for key, _ in rows],
         (SheetRow.key, SheetRow.status, SheetRow.write_version, SheetRow.result,
          SheetRow.error))}
+    budget = SHEET_MAX_READ_BYTES  # outcomes beyond it are left for the runner to read
     for key, _ in rows:
         row = state[key]
         if row.write_version > version:
@@ -277,10 +277,15 @@ def admit_page(session: Session, sheet_id: int, version: int,
                                          "write_version": row.write_version})
         elif row.status == SHEET_PENDING:
             admission.todo.append(key)
-        elif row.status == SHEET_DONE:
-            admission.done.append({"key": key, "status": SHEET_DONE, "result": row.result})
         else:
-            admission.done.append({"key": key, "status": SHEET_FAILED, "error": row.error})
+            item: dict[str, Any] = {"key": key, "status": row.status}
+            if row.status == SHEET_DONE:
+                item["result"] = row.result
+            else:
+                item["error"] = row.error
+            budget -= encoded_size(item)
+            admission.done.append(item if budget >= 0 else
+                                  {"key": key, "status": row.status, "omitted": True})
     return admission
 
 

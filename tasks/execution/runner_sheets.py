@@ -357,7 +357,7 @@ class Sheet:
                 not all(keys[i] in todo or keys[i] in reused for i in page):
             raise SheetError(f"sheet {self.table!r}: the gateway's answer does not account "
                              f"for the {len(page)} rows of the page")
-        omitted = [k for k, r in reused.items() if r.get("omitted")]
+        omitted = [str(k) for k, r in reused.items() if r.get("omitted")]
         if omitted:  # outcomes too large to come with the admission: read them
             reused.update({r["key"]: r for r in self.rows(keys=omitted)})
         pending: list[dict[str, Any]] = []

@@ -4,6 +4,7 @@ from models.base import Base, JSONType, UTCDateTime, db_now, new_id
 from models.receipts import WorkReceipt
 from models.resources import CapacityLease, CapacityOrg, RuntimeResource, TrafficPolicy
 from models.runs import Attempt, EventDelivery, Outbox, PlayBundle, Run, RunEvent
+from models.sheets import Sheet, SheetRow, SheetWriteIntent
 
 __all__ = [
     "Attempt",
@@ -17,6 +18,9 @@ __all__ = [
     "Run",
     "RunEvent",
     "RuntimeResource",
+    "Sheet",
+    "SheetRow",
+    "SheetWriteIntent",
     "TrafficPolicy",
     "UTCDateTime",
     "WorkReceipt",

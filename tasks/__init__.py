@@ -1,7 +1,7 @@
 """playrun: run customer plays in isolated sandboxes, fenced and rate-limited fleet-wide.
 
 `celery -A tasks worker` finds the Celery app here; app code uses submit_run,
-get_run, cancel_run and run_events.
+get_run, cancel_run and run_events, and reads runtime sheets with sheet_rows.
 """
 
 from tasks import jobs  # noqa: F401  (registers the Celery tasks)
@@ -19,6 +19,7 @@ from tasks.api import (
 from tasks.app import app
 from tasks.errors import PlayrunError
 from tasks.ledger import Event
+from tasks.sheets.view import SheetRowView, sheet_rows
 from tasks.workreceipts import ReceiptView, clear_receipts, receipts
 
 celery = app
@@ -31,6 +32,7 @@ __all__ = [
     "RunHandle",
     "RunResult",
     "RunView",
+    "SheetRowView",
     "app",
     "cancel_run",
     "clear_receipts",
@@ -38,5 +40,6 @@ __all__ = [
     "list_runs",
     "receipts",
     "run_events",
+    "sheet_rows",
     "submit_run",
 ]

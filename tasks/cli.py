@@ -55,10 +55,13 @@ db_app = typer.Typer(help="Database schema (Alembic).", no_args_is_help=True)
 policy_app = typer.Typer(help="Traffic policy for sandbox starts.", no_args_is_help=True)
 capacity_app = typer.Typer(help="Per-org sandbox capacity.", no_args_is_help=True)
 receipts_app = typer.Typer(help="Work receipts of ctx.step.", no_args_is_help=True)
+sheet_app = typer.Typer(help="Runtime sheets: rows plays fill, by (org, play, table).",
+                        no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(policy_app, name="policy")
 app.add_typer(capacity_app, name="capacity")
 app.add_typer(receipts_app, name="receipts")
+app.add_typer(sheet_app, name="sheet")
 console = Console()
 
 
@@ -305,6 +308,52 @@ def gc(grace: Annotated[str | None, typer.Option(
         print(f"deleted {prov}/{sid}: {why}")
     for prov, sid, why in report.failed:
         print(f"failed {prov}/{sid}: {why}")
+
+
+@sheet_app.command("show")
+def sheet_show(table: str, org: Annotated[str, typer.Option("--org")],
+               play: Annotated[str, typer.Option("--play", help="play name or path")],
+               rows: Annotated[int, typer.Option("--rows", min=0,
+                                                 help="first rows to list")] = 10) -> None:
+    """Counts by status and by write version, and the first rows, of one sheet."""
+    from itertools import islice
+
+    from tasks.sheets.view import iter_sheet_rows, summary
+
+    found = summary(org, play, table)
+    if found is None:
+        Console(stderr=True).print(f"no sheet {table!r} for org {org!r} and play {play!r}")
+        raise typer.Exit(2)
+    console.print(f"sheet [bold]{found.table}[/bold] of play {found.play}, org {found.org_id}: "
+                  f"{found.total} rows")
+    counts = Table("status", "rows")
+    for status, count in found.by_status.items():
+        counts.add_row(status, str(count))
+    console.print(counts)
+    versions = Table("write version", "run", "kind", "rows owned")
+    for v in found.versions:
+        versions.add_row(str(v.version), v.run_id, v.kind, str(v.rows))
+    console.print(versions)
+    if rows:
+        listing = Table("key", "status", "version", "result / error")
+        for row in islice(iter_sheet_rows(org, play, table), rows):
+            shown = row.error if row.status == "failed" else json.dumps(row.result)
+            listing.add_row(row.key, row.status, str(row.write_version), (shown or "")[:80])
+        console.print(listing)
+
+
+@sheet_app.command("export")
+def sheet_export(table: str, org: Annotated[str, typer.Option("--org")],
+                 play: Annotated[str, typer.Option("--play", help="play name or path")],
+                 fmt: Annotated[str, typer.Option("--format", help="csv or jsonl")] = "csv",
+                 ) -> None:
+    """Every row of one sheet, in key order, to stdout."""
+    from tasks.sheets.view import export_lines
+
+    if fmt not in ("csv", "jsonl"):
+        raise typer.BadParameter("--format is csv or jsonl")
+    for line in export_lines(org, play, table, fmt):
+        sys.stdout.write(line)
 
 
 def main() -> None:

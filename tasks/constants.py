@@ -50,6 +50,10 @@ RUNTIME_INTERNAL_ERROR: Final = "RUNTIME_INTERNAL_ERROR"
 # Codes a run may fail with from ctx.step (tasks/execution/runner_steps.py).
 STEP_CODES: Final = frozenset({"STEP_KEY_INVALID", "STEP_INVALID", "STEP_RECURSIVE",
                                "STEP_UNAVAILABLE", "STEP_REFUSED", "RECEIPT_NOT_HELD"})
+# Runtime sheets (SPEC 4.8): a writer superseded by a newer write version, and a gateway
+# without the write-intent start.
+RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Final = "RUNTIME_SHEET_ATTEMPT_SUPERSEDED"
+RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE: Final = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
 
 CAPACITY_EXCEEDED_MESSAGE: Final = (
     "This organization's execution concurrency limit is currently full."
@@ -94,6 +98,7 @@ INPUT_FILE: Final = "input.json"
 RUNNER_FILE: Final = "runner.py"
 RUNNER_CLIENT_FILE: Final = "playrun_client.py"
 RUNNER_STEPS_FILE: Final = "playrun_steps.py"
+RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -139,5 +144,17 @@ MAX_STATS_WINDOW_S: Final = 10 * 365 * 86400.0
 MAX_STEP_KEY_CHARS: Final = 1024
 MAX_STEP_OUTPUT_BYTES: Final = 256 * 1024
 MAX_STEP_TTL_S: Final = 10 * 365 * 86400
+# Runtime sheets: row states, write-intent kinds, and what one request may carry.
+SHEET_PENDING: Final = "pending"
+SHEET_DONE: Final = "done"
+SHEET_FAILED: Final = "failed"
+SHEET_ROW_STATUSES: Final = (SHEET_PENDING, SHEET_DONE, SHEET_FAILED)
+INTENT_STABLE: Final = "stable"  # one per (run, table), reused by every page and wake
+INTENT_LEGACY: Final = "legacy"  # minted by each legacy sheet_start without a version
+INTENT_ADMITTED: Final = "admitted"
+SHEET_MAX_PAGE_ROWS: Final = 2000
+SHEET_MAX_KEY_BYTES: Final = 1024
+SHEET_MAX_ROW_BYTES: Final = 64 * 1024
+SHEET_MAX_READ_BYTES: Final = 2 * 1024 * 1024
 # The development signing secret; refused when a PostgreSQL database is configured.
 DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"

@@ -98,10 +98,28 @@ class CapacityExceededError(PlayrunError):
     code = "SANDBOX_CAPACITY_EXCEEDED"
 
 
-class WriteIntentUnavailableError(PlayrunError):
-    """The gateway does not offer the write-intent sheet start."""
+class RuntimeSheetWriteIntentUnavailableError(PlayrunError):
+    """The gateway does not offer the write-intent sheet start (never fall back to the legacy)."""
 
-    code = "WRITE_INTENT_UNAVAILABLE"
+    code = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
+
+
+class RuntimeSheetAttemptSupersededError(PlayrunError):
+    """A newer write version owns this writer's sheet rows: the writer must stop."""
+
+    code = "RUNTIME_SHEET_ATTEMPT_SUPERSEDED"
+
+
+class SheetWriteIntentInvalidError(PlayrunError):
+    """The stored write intent is not this run's admitted intent (wrong run, status or kind)."""
+
+    code = "RUNTIME_SHEET_WRITE_INTENT_INVALID"
+
+
+class SheetWriteVersionMismatchError(PlayrunError):
+    """The caller's write version is not the one this run admitted for the table."""
+
+    code = "RUNTIME_SHEET_WRITE_VERSION_MISMATCH"
 
 
 class GatewayError(PlayrunError):

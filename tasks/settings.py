@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tasks.constants import DEV_SECRET_KEY
+from tasks.constants import DEV_SECRET_KEY, SHEET_MAX_PAGE_ROWS
 from tasks.errors import ConfigurationError
 
 _HOME = Path.home() / ".playrun"
@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
     # Progress events kept per attempt; beyond this one event records how many were dropped.
     progress_max_events: int = Field(default=10_000, ge=0)
+    # Runtime sheets: rows a runner admits per request, and row results it writes per request.
+    sheet_page_rows: int = Field(default=500, ge=1, le=SHEET_MAX_PAGE_ROWS)
+    sheet_write_rows: int = Field(default=200, ge=1, le=SHEET_MAX_PAGE_ROWS)
     # Gateway actions this gateway refuses as unknown (stands in for an older release).
     gateway_withdrawn_actions: list[str] = []
     secret_key: str = DEV_SECRET_KEY

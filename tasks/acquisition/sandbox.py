@@ -30,6 +30,7 @@ from tasks.constants import (
     RESOURCE_LIVE,
     RUNNER_CLIENT_FILE,
     RUNNER_FILE,
+    RUNNER_SHEETS_FILE,
     RUNNER_STEPS_FILE,
 )
 from tasks.db import session_scope
@@ -67,6 +68,7 @@ def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> Sand
             RUNNER_FILE: runner_source(),
             RUNNER_CLIENT_FILE: runner_source("runner_client.py"),
             RUNNER_STEPS_FILE: runner_source("runner_steps.py"),
+            RUNNER_SHEETS_FILE: runner_source("runner_sheets.py"),
         },
         memory_mb=settings.sandbox_memory_mb,
         max_file_mb=settings.sandbox_max_file_mb,

@@ -81,6 +81,8 @@ def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings) ->
         "PLAYRUN_HEARTBEAT_S": f"{settings.heartbeat_interval_s:g}",
         "PLAYRUN_TOKEN": mint(tokens.RUNNER_CAPABILITIES),
         "PLAYRUN_PROJECTION_TOKEN": mint(tokens.PROJECTION_CAPABILITIES),
+        "PLAYRUN_SHEET_PAGE_ROWS": str(settings.sheet_page_rows),
+        "PLAYRUN_SHEET_WRITE_ROWS": str(settings.sheet_write_rows),
     }
 
 

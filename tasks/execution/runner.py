@@ -133,6 +133,14 @@ class Context:
         if self._steps is None:
             raise RuntimeError("ctx.step needs playrun_steps.py beside runner.py")
         return self._steps.step(key, fn, ttl)
+        # Set by a runtime sheet that stopped this run: (code, error); the run fails with it.
+        self.halted: tuple[str, str] | None = None
+
+    def sheet(self, table: str) -> Any:
+        """The play's runtime sheet `table` (playrun_sheets.py, beside this file)."""
+        import playrun_sheets
+
+        return playrun_sheets.Sheet(self, table)
 
     def log(self, message: str, **fields: Any) -> None:
         """Append one progress event to events.jsonl (bounded per event and in total)."""
@@ -350,10 +358,14 @@ class Runner:
         except BaseException as exc:  # noqa: BLE001 - SystemExit etc. are play failures too
             if self._timed_out:
                 return self.fail(RUN_TIMEOUT, self._timeout_message())
+            if self.ctx.halted is not None:
+                return self.fail(*self.ctx.halted)
             why = self.steps.code_of(exc) if self.steps is not None else None
             return self.fail(why or PLAY_ERROR, self._describe(exc))
         if self._timed_out:  # the play caught RunTimeout and returned anyway
             return self.fail(RUN_TIMEOUT, self._timeout_message())
+        if self.ctx.halted:  # a sheet stopped the run and the play carried on regardless
+            return self.fail(*self.ctx.halted)
         try:
             text = json.dumps(output, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError) as exc:

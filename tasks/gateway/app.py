@@ -31,6 +31,8 @@ from tasks.errors import (
     GatewayUnknownActionError,
     GatewayUnknownFieldError,
     PlayrunError,
+    SheetWriteIntentInvalidError,
+    SheetWriteVersionMismatchError,
 )
 from tasks.gateway import tokens
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
@@ -40,7 +42,9 @@ log = logging.getLogger("playrun.gateway")
 
 MAX_BATCH = 50
 # Status codes for the errors of the one tree that are not gateway errors.
-_STATUS: dict[type[PlayrunError], int] = {FenceLostError: 409}
+_STATUS: dict[type[PlayrunError], int] = {
+    FenceLostError: 409, SheetWriteIntentInvalidError: 409, SheetWriteVersionMismatchError: 409,
+}
 
 
 def refusal(exc: PlayrunError) -> JSONResponse:

@@ -126,6 +126,8 @@ class Context:
         self._bytes = 0
         self._dropped = 0
         self._steps: Any = None  # playrun_steps.Steps, set by the runner
+        # Set by a runtime sheet that stopped this run: (code, error); the run fails with it.
+        self.halted: tuple[str, str] | None = None
 
     def step(self, key: str, fn: Any, ttl: float | None = None) -> Any:
         """`fn()`'s JSON output, computed once per (org, play, key): a completed work
@@ -133,8 +135,6 @@ class Context:
         if self._steps is None:
             raise RuntimeError("ctx.step needs playrun_steps.py beside runner.py")
         return self._steps.step(key, fn, ttl)
-        # Set by a runtime sheet that stopped this run: (code, error); the run fails with it.
-        self.halted: tuple[str, str] | None = None
 
     def sheet(self, table: str) -> Any:
         """The play's runtime sheet `table` (playrun_sheets.py, beside this file)."""

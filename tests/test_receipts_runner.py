@@ -73,3 +73,16 @@ def test_a_play_may_catch_a_step_error(tmp_path: Path) -> None:
 def test_without_the_steps_module_ctx_step_says_so(tmp_path: Path) -> None:
     result, _ = run_play(tmp_path, "def run(ctx, input):\n    return ctx.step('k', int)\n")
     assert "playrun_steps.py" in failed(result, "PLAY_ERROR")
+
+
+def test_the_sandbox_copy_of_the_limits_and_codes_matches_the_servers() -> None:
+    from tasks import constants
+    from tasks.execution import runner_steps
+
+    assert runner_steps.MAX_KEY_CHARS == constants.MAX_STEP_KEY_CHARS
+    assert runner_steps.MAX_OUTPUT_BYTES == constants.MAX_STEP_OUTPUT_BYTES
+    assert runner_steps.MAX_TTL_S == constants.MAX_STEP_TTL_S
+    codes = {runner_steps.STEP_KEY_INVALID, runner_steps.STEP_INVALID,
+             runner_steps.STEP_RECURSIVE, runner_steps.STEP_UNAVAILABLE,
+             runner_steps.STEP_REFUSED, runner_steps.RECEIPT_NOT_HELD}
+    assert codes == constants.STEP_CODES  # so a run can fail with each of them

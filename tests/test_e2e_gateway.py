@@ -118,3 +118,26 @@ def test_two_hosts_each_keep_their_own_sandboxes(pg_url: str, gateway: Gateway) 
     finally:
         for h in hosts:
             h.stop()
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_play_that_deletes_its_own_sandbox_leaves_nothing_running(worker: Worker) -> None:
+    who, marker = org(), f"playrun-vanish-{uuid.uuid4().hex}"
+    handle = tasks.submit_run(PLAYS / "vanish.py", input={"marker": marker}, org_id=who)
+    result = handle.wait(timeout=90)
+    assert result.status in {"succeeded", "failed"}  # settled, whatever it managed to say
+    eventually(lambda: released(handle.id), what="the release")
+    eventually(lambda: not _processes_with(marker), what="its child killed")
+    after = tasks.submit_run(PLAYS / "sleepy.py", input={"seconds": 0.1}, org_id=who)
+    assert after.wait(timeout=60).status == "succeeded"  # the worker serves the next

@@ -227,7 +227,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="per phase")
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument("--timelines", action="store_true",
-                        help="print the ledger of the two slowest runs with kills")
+                        help="also print the ledger of the two slowest runs with kills "
+                             "(runs that did not succeed are always shown)")
     args = parser.parse_args()
     stop_on_sigterm()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
@@ -317,14 +318,15 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None
         if r["marks_seen"] else "n/a")
     row("play never executed", lambda r: f"{r['never_executed']}" if r["marks_seen"] else "n/a")
     row("'ran' progress events != 1", lambda r: f"{r['progress_not_one']}")
-    if args.timelines:
-        for run_id, took, why, events in results[names[1]]["timelines"]:
-            print(f"{why}, with kills: run {run_id} took {float(took or 'nan'):.1f} s")
-            for kind, at, data in events:
-                detail = {k: v for k, v in (data or {}).items()
-                          if k in ("cause", "delay_ms", "generation", "reason", "detail",
-                                   "code", "error")}
-                print(f"  {at:6.2f} s  {kind:20} {detail if detail else ''}")
+    shown = [(name, t) for name in names for t in results[name]["timelines"]
+             if t[2] != "slowest" or (args.timelines and name == names[1])]
+    for name, (run_id, took, why, events) in shown:
+        print(f"{why} ({name}): run {run_id} took {float(took or 'nan'):.1f} s")
+        for kind, at, data in events:
+            detail = {k: v for k, v in (data or {}).items()
+                      if k in ("cause", "delay_ms", "generation", "reason", "detail",
+                               "code", "error", "by")}
+            print(f"  {at:6.2f} s  {kind:20} {detail if detail else ''}")
     a, b = results[names[0]]["wall_db"], results[names[1]]["wall_db"]
     print(f"ratio (kills / no kills): {b / a:.2f}x   kills at "
           + ", ".join(f"{t:.1f}" for t in results[names[1]]["kills_at"]) + " s")

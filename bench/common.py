@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import secrets
+import shutil
+import signal
+import socket
 import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import redis
@@ -25,21 +35,28 @@ def bench_env(redis_db: int) -> Iterator[dict[str, str]]:
     env = {
         "PLAYRUN_DATABASE_URL": f"{PG_BASE}/{name}",
         "PLAYRUN_REDIS_URL": f"{REDIS_BASE}/{redis_db}",
-        "PLAYRUN_SECRET_KEY": "bench-" + secrets.token_hex(8),
+        "PLAYRUN_SECRET_KEY": "bench-" + secrets.token_hex(24),
         "PLAYRUN_SANDBOX_ROOT": f"/tmp/playrun-bench-{name}",
     }
     os.environ.update(env)
     redis.Redis.from_url(env["PLAYRUN_REDIS_URL"]).flushdb()
     from tasks import db
+    from tasks.settings import reset_settings
 
-    db.upgrade(env["PLAYRUN_DATABASE_URL"])
+    reset_settings()
     try:
+        db.upgrade(env["PLAYRUN_DATABASE_URL"])
         yield env
     finally:
         db.dispose_engines()
         redis.Redis.from_url(env["PLAYRUN_REDIS_URL"]).flushdb()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        shutil.rmtree(env["PLAYRUN_SANDBOX_ROOT"], ignore_errors=True)
+
+
+def database_name(env: dict[str, str]) -> str:
+    return env["PLAYRUN_DATABASE_URL"].rsplit("/", 1)[1]
 
 
 def pct(values: list[float], p: float) -> float:
@@ -50,3 +67,190 @@ def pct(values: list[float], p: float) -> float:
 def summary(values: list[float]) -> str:
     return (f"p50 {pct(values, 50) * 1000:8.1f} ms  p99 {pct(values, 99) * 1000:8.1f} ms  "
             f"mean {statistics.mean(values) * 1000:8.1f} ms")
+
+
+# --- child processes (gateway, workers, runner hosts) -------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gateway_env(directory: Path) -> dict[str, str]:
+    """A private gateway address: a free TCP port and a socket in our own directory (never
+    the shared defaults, where another checkout's gateway may be listening)."""
+    return {
+        "PLAYRUN_GATEWAY_URL": f"http://127.0.0.1:{free_port()}",
+        "PLAYRUN_GATEWAY_SOCKET": str(directory / "gateway-sock" / "gateway.sock"),
+    }
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed bench takes it along
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every `finally` stops its children."""
+    def handler(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+class Child:
+    """A subprocess in its own session; stop() ends its whole process group."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.args, self.env = args, env
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(self.args, env=self.env, cwd=str(ROOT), stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 60.0, *, after: int = 0) -> None:
+        """Wait until the log (from byte `after`) contains `text`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.output()[-3000:]}")
+            if text.encode() in self.log_path.read_bytes()[after:]:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready after {timeout:g}s: {self.output()[-3000:]}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole group (the process and every child it forked)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=15)
+        if group_alive(self.pid):
+            self.kill(signal.SIGKILL)  # stragglers of the group, even if the leader is gone
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def group_alive(pgid: int) -> bool:
+    """Some process is still in process group `pgid` (from /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(b")") + 2:].split()[2]) == pgid:
+            return True
+    return False
+
+
+def start_gateway(env: dict[str, str], log_dir: Path, name: str = "gateway") -> Child:
+    gw = Child(name, [sys.executable, "-m", "tasks.cli", "gateway"], env, log_dir)
+    try:
+        gw.wait_for("gateway ready", timeout=60)
+    except BaseException:
+        gw.stop()
+        raise
+    return gw
+
+
+def start_worker(env: dict[str, str], log_dir: Path, name: str, *, concurrency: int = 2,
+                 beat: bool = False, loglevel: str = "INFO") -> Child:
+    args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-n", f"{name}@bench",
+            f"--concurrency={concurrency}", f"--loglevel={loglevel}", "--without-mingle",
+            "--without-gossip"]
+    if beat:
+        args.append("--beat")
+    worker = Child(name, args, env, log_dir)
+    try:
+        worker.wait_for("ready.", timeout=90)
+    except BaseException:
+        worker.stop()
+        raise
+    return worker
+
+
+def tree_pids(pid: int) -> list[int]:
+    """pid and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def tree_rss(pid: int) -> int:
+    """Resident set size in bytes, summed over the process tree (VmRSS from /proc)."""
+    total = 0
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue
+    return total
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of the tree."""
+    ticks = 0
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def xact_commits(datname: str) -> int:
+    """pg_stat_database.xact_commit of a database, read from the `postgres` database (so the
+    reading itself is not counted)."""
+    admin = PG_BASE.replace("+psycopg", "") + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s",
+                           (datname,)).fetchone()
+    return int(row[0]) if row else 0

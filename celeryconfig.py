@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kombu import Exchange, Queue
 
-from tasks.constants import QUEUE
+from tasks.constants import MAINTENANCE_QUEUE, QUEUE
 from tasks.settings import get_settings
 
 _settings = get_settings()
@@ -42,7 +42,9 @@ result_expires = 3600
 task_ignore_result = True
 # Workers declare their queue; app code only publishes to it.
 task_default_queue = QUEUE
-task_queues = (Queue(QUEUE, Exchange(QUEUE, type="direct"), routing_key=QUEUE),)
+# Every worker consumes both; maintenance has its own so it never waits behind starts.
+task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name)
+                    for name in (QUEUE, MAINTENANCE_QUEUE))
 task_default_exchange = QUEUE
 task_default_routing_key = QUEUE
 task_create_missing_queues = False

@@ -102,6 +102,8 @@ RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
+# Beat's periodic jobs ride their own queue: a backlog of starts must not expire them.
+MAINTENANCE_QUEUE: Final = "playrun.maintenance"
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery.beat import Scheduler
 
-from tasks.constants import QUEUE, TASK_REAP, TASK_SANDBOX_GC, TASK_SWEEP_OUTBOX
+from tasks.constants import MAINTENANCE_QUEUE, TASK_REAP, TASK_SANDBOX_GC, TASK_SWEEP_OUTBOX
 from tasks.db import require_current_schema
 from tasks.errors import PlayrunError
 from tasks.settings import get_settings
@@ -30,7 +30,7 @@ class CheckedScheduler(Scheduler):
         }
         for entry in entries.values():
             # Maintenance that misses its slot is just late; never let copies pile up.
-            entry["options"] = {"queue": QUEUE, "expires": entry["schedule"]}
+            entry["options"] = {"queue": MAINTENANCE_QUEUE, "expires": entry["schedule"]}
         self.app.conf.beat_schedule = {**entries, **(self.app.conf.beat_schedule or {})}
         super().setup_schedule()
         self.merge_inplace(self.app.conf.beat_schedule)

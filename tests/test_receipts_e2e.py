@@ -19,7 +19,7 @@ from tasks.acquisition import capacity
 from tasks.db import session_scope
 from tests.conftest import PLAYS, Worker, worker_env
 from tests.helpers import eventually, kinds
-from tests.support import FAST_STARTS, close_open_runs, supersede
+from tests.support import FAST_STARTS, HOST_FILES, close_open_runs, supersede
 
 pytestmark = pytest.mark.slow
 ORG_PREFIX = "rce-"
@@ -28,7 +28,8 @@ STEPS = PLAYS / "steps.py"
 
 @pytest.fixture(scope="module")
 def steps_worker(pg_url: str) -> Iterator[Worker]:
-    w = Worker(worker_env(PLAYRUN_REAP_INTERVAL_S="1", **FAST_STARTS), beat=True,
+    # Process isolation: the side-effect counter is a file on the host.
+    w = Worker(worker_env(PLAYRUN_REAP_INTERVAL_S="1", **FAST_STARTS, **HOST_FILES), beat=True,
                concurrency=4)
     try:
         w.wait_ready()

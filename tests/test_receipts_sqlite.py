@@ -4,6 +4,7 @@ gateway as child processes, driven through the CLI as a user would."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,7 +28,16 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         subprocess.run([sys.executable, "-m", "tasks.cli", "db", "upgrade"], env=env,
                        check=True, cwd=str(ROOT), capture_output=True)
         stack.start_gateway()
-        stack.start_celery("worker", "--concurrency=2")
+        # Process isolation: the side-effect counter is a file on the host.
+        saved = os.environ.get("PLAYRUN_SANDBOX_ISOLATION")
+        os.environ["PLAYRUN_SANDBOX_ISOLATION"] = "process"
+        try:
+            stack.start_celery("worker", "--concurrency=2")
+        finally:
+            if saved is None:
+                del os.environ["PLAYRUN_SANDBOX_ISOLATION"]
+            else:
+                os.environ["PLAYRUN_SANDBOX_ISOLATION"] = saved
         yield env
     finally:
         stack.stop()

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 import tasks
-from tasks.execution import runner_sheets
+from tasks.execution import runner_client, runner_sheets
 from tasks.execution.launch import runner_env
 from tasks.execution.runner_sheets import (
     RuntimeSheetAttemptSupersededError,
@@ -423,8 +423,11 @@ def test_page_and_write_sizes_are_settings_handed_to_the_runner(
     env = runner_env(Fence("r", 1, "t"), "acme", "l", settings)
     assert (env["PLAYRUN_SHEET_PAGE_ROWS"], env["PLAYRUN_SHEET_WRITE_ROWS"]) == ("50", "20")
     monkeypatch.setattr(os, "environ", {**os.environ, **env})
-    sheet = SheetClient(SimpleNamespace(), "t")
+    uplink = runner_client.Uplink.from_env(print)
+    assert uplink is not None and not any(k.startswith("PLAYRUN_SHEET") for k in os.environ)
+    sheet = SheetClient(SimpleNamespace(_uplink=uplink), "t")
     assert (sheet.page_rows, sheet.write_rows) == (50, 20)
+    assert SheetClient(SimpleNamespace(), "t").page_rows == runner_sheets.PAGE_ROWS
     monkeypatch.setenv("PLAYRUN_SHEET_PAGE_ROWS", "5000")
     with pytest.raises(ValueError, match="sheet_page_rows"):
         Settings()

@@ -109,13 +109,16 @@ class Uplink:
         self._batch: dict[str, Any] | None = None
         self._sending = threading.Lock()  # one delivery at a time: batches stay in order
         self._full = False  # the gateway's progress budget is spent: count, do not send
+        # Runtime sheet page and write-chunk sizes (rows), as the worker's settings say.
+        self.sheet_rows: tuple[str, str] = ("", "")
 
     @classmethod
     def from_env(cls, on_stop: Callable[[str], None]) -> Uplink | None:
         # Taken out of the environment before the play starts: it needs none of them.
         env = {name: os.environ.pop(name, "") for name in (
             "PLAYRUN_TOKEN", "PLAYRUN_PROJECTION_TOKEN", "PLAYRUN_GATEWAY_URL",
-            "PLAYRUN_GATEWAY_SOCKET", "PLAYRUN_LAUNCH_ID", "PLAYRUN_HEARTBEAT_S")}
+            "PLAYRUN_GATEWAY_SOCKET", "PLAYRUN_LAUNCH_ID", "PLAYRUN_HEARTBEAT_S",
+            "PLAYRUN_SHEET_PAGE_ROWS", "PLAYRUN_SHEET_WRITE_ROWS")}
         token, projection = env["PLAYRUN_TOKEN"], env["PLAYRUN_PROJECTION_TOKEN"]
         url = env["PLAYRUN_GATEWAY_URL"]
         if not (token and projection and url):
@@ -125,8 +128,10 @@ class Uplink:
             interval = float(env["PLAYRUN_HEARTBEAT_S"] or 5)
         except ValueError:
             interval = 5.0
-        return cls(gateway, token, projection, env["PLAYRUN_LAUNCH_ID"] or "launch",
-                   interval, on_stop)
+        uplink = cls(gateway, token, projection, env["PLAYRUN_LAUNCH_ID"] or "launch",
+                     interval, on_stop)
+        uplink.sheet_rows = (env["PLAYRUN_SHEET_PAGE_ROWS"], env["PLAYRUN_SHEET_WRITE_ROWS"])
+        return uplink
 
     def start(self) -> None:
         for target, name in ((self._beat, "playrun-heartbeat"),

@@ -15,7 +15,6 @@ this module never falls back to the legacy `sheet_start`.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import time
@@ -145,10 +144,11 @@ def row_key(row: Any, key: str, index: int) -> str:
     return text
 
 
-def _env_int(name: str, default: int) -> int:
+def _rows_setting(uplink: Any, index: int, default: int) -> int:
+    """A size the worker's settings handed the runner (taken out of the play's sight)."""
     try:
-        value = int(os.environ.get(name, default))
-    except ValueError:
+        value = int(getattr(uplink, "sheet_rows", ("", ""))[index])
+    except (ValueError, TypeError, IndexError):
         return default
     return value if value > 0 else default
 
@@ -161,8 +161,8 @@ class Sheet:
         self.table = check_table(table)
         self._ctx = ctx
         self._uplink = getattr(ctx, "_uplink", None)
-        self.page_rows = page_rows or _env_int("PLAYRUN_SHEET_PAGE_ROWS", PAGE_ROWS)
-        self.write_rows = write_rows or _env_int("PLAYRUN_SHEET_WRITE_ROWS", WRITE_ROWS)
+        self.page_rows = page_rows or _rows_setting(self._uplink, 0, PAGE_ROWS)
+        self.write_rows = write_rows or _rows_setting(self._uplink, 1, WRITE_ROWS)
         self.write_version: int | None = None
         self._done = self._total = 0
         self._reported = 0.0

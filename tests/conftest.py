@@ -167,6 +167,21 @@ def die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+@pytest.fixture
+def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A migrated SQLite database (the embedded default) that this test's code uses."""
+    from tasks import db
+    from tasks.settings import reset_settings
+
+    url = f"sqlite:///{tmp_path / 'playrun.db'}"
+    monkeypatch.setenv("PLAYRUN_DATABASE_URL", url)
+    reset_settings()
+    db.upgrade(url)
+    yield url
+    monkeypatch.undo()
+    reset_settings()
+
+
 def worker_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLAYRUN_")}
     env.update(BASE_ENV)

@@ -7,10 +7,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 
 from models import CapacityLease
@@ -20,19 +17,8 @@ from tasks.acquisition.claim import Claimed, claim
 from tasks.admission.submit import admit
 from tasks.errors import CapacityExceededError
 from tasks.fence import hold
-from tasks.settings import get_settings, reset_settings
+from tasks.settings import get_settings
 from tests.conftest import ROOT, worker_env
-
-
-@pytest.fixture
-def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    url = f"sqlite:///{tmp_path / 'playrun.db'}"
-    monkeypatch.setenv("PLAYRUN_DATABASE_URL", url)
-    reset_settings()
-    db.upgrade(url)
-    yield url
-    monkeypatch.undo()
-    reset_settings()
 
 
 def test_concurrent_reservations_on_sqlite_never_pass_the_limit(sqlite_db: str) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,13 +14,12 @@ from hypothesis import strategies as st
 
 import tasks
 from models import CapacityLease, Run
-from tasks import db, untrusted
+from tasks import untrusted
 from tasks.constants import MAX_RESULT_FILE_BYTES
 from tasks.db import session_scope
 from tasks.errors import DocumentInvalidError
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.maintenance.trouble import MAX_PASSES, note_failure
-from tasks.settings import reset_settings
 from tasks.settlement.outcome import Outcome, from_result
 from tasks.settlement.terminal import settle
 from tests.support import must_claim, new_run, reserve
@@ -147,16 +144,6 @@ RESULTS = JSONISH.map(lambda inner: '{"status": "succeeded", "output": ' + inner
 def test_any_result_document_settles_on_postgres(pg_url: str, raw: str) -> None:
     _check_settled(raw, *_settle_document(raw))
 
-
-@pytest.fixture
-def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    url = f"sqlite:///{tmp_path / 'untrusted.db'}"
-    monkeypatch.setenv("PLAYRUN_DATABASE_URL", url)
-    reset_settings()
-    db.upgrade(url)
-    yield url
-    monkeypatch.undo()
-    reset_settings()
 
 
 @given(st.one_of(RESULTS, JSONISH))

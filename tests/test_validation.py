@@ -22,12 +22,10 @@ from hypothesis import strategies as st
 
 import tasks
 from models import Outbox, Run, db_now
-from tasks import db
 from tasks.admission import validate
 from tasks.admission.submit import admit
 from tasks.db import session_scope
 from tasks.errors import InputInvalidError, PlayInvalidError, PlayrunError, RunNotFoundError
-from tasks.settings import reset_settings
 from tests.support import HELLO, NOOP, close_open_runs
 
 ORG_PREFIX = "val-"
@@ -362,16 +360,6 @@ def test_bad_run_ids_are_refused_before_any_query(monkeypatch: pytest.MonkeyPatc
 
 
 # --- once on SQLite -----------------------------------------------------------------------
-
-@pytest.fixture
-def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    url = f"sqlite:///{tmp_path / 'playrun.db'}"
-    monkeypatch.setenv("PLAYRUN_DATABASE_URL", url)
-    reset_settings()
-    db.upgrade(url)
-    yield url
-    monkeypatch.undo()
-    reset_settings()
 
 
 @settings(max_examples=40, deadline=None,

@@ -19,6 +19,12 @@ ATTEMPT_FENCED_OUT: Final = "fenced_out"
 # Waiting out a pre-code deferral; resumed by the next claim without a new generation.
 ATTEMPT_DEFERRED: Final = "deferred"
 
+# Capacity lease states: reserved -> live -> released (SPEC 4.4).
+LEASE_RESERVED: Final = "reserved"
+LEASE_LIVE: Final = "live"
+LEASE_RELEASED: Final = "released"
+LEASE_HELD: Final = (LEASE_RESERVED, LEASE_LIVE)
+
 # Runtime resource (sandbox) states.
 RESOURCE_REQUESTED: Final = "requested"
 RESOURCE_LIVE: Final = "live"

@@ -182,6 +182,17 @@ def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     reset_settings()
 
 
+def stop_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal a child's whole process group; SIGKILL it if it has not gone in 15 s."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
 def worker_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLAYRUN_")}
     env.update(BASE_ENV)
@@ -225,13 +236,7 @@ class Worker:
         return [int(p) for p in out.stdout.split()]
 
     def stop(self, sig: int = 15) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=15)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
+        stop_group(self.proc, sig)
         self.log.close()
 
 
@@ -274,13 +279,8 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = 15) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=15)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_group(self.proc, sig)
         self.log.close()
 
 

@@ -20,16 +20,20 @@ from tasks.admission.validate import check_count, check_org_id
 from tasks.constants import (
     CAPACITY_EXCEEDED_MESSAGE,
     EV_CAPACITY_OVERRUN,
+    LEASE_HELD,
+    LEASE_LIVE,
+    LEASE_RELEASED,
+    LEASE_RESERVED,
 )
 from tasks.db import is_postgres, session_scope
 from tasks.errors import CapacityExceededError, FenceLostError
 from tasks.fence import Fence
 from tasks.settings import Settings
 
-RESERVED = "reserved"
-LIVE = "live"
-RELEASED = "released"
-HELD = (RESERVED, LIVE)
+RESERVED = LEASE_RESERVED
+LIVE = LEASE_LIVE
+RELEASED = LEASE_RELEASED
+HELD = LEASE_HELD
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ import sqlalchemy as sa
 
 from models import CapacityLease, db_now
 from tasks import ledger
-from tasks.acquisition.capacity import HELD, RELEASED
 from tasks.constants import EV_CAPACITY_RELEASED
+from tasks.constants import LEASE_HELD as HELD
+from tasks.constants import LEASE_RELEASED as RELEASED
 from tasks.db import session_scope
 from tasks.fence import lock_run
 

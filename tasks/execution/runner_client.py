@@ -32,6 +32,10 @@ STOP_CODES = frozenset({"FENCE_LOST", "GATEWAY_TOKEN_EXPIRED", "GATEWAY_TOKEN_IN
                         "GATEWAY_CAPABILITY_DENIED"})
 
 
+# Errors of a kept-alive connection the server closed before this request reached it.
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+
+
 class Refused(Exception):
     """The gateway answered with a refusal (a JSON code)."""
 
@@ -57,9 +61,12 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 class Gateway:
+    """One kept-alive connection per thread (heartbeat, delivery, the play's own calls)."""
+
     def __init__(self, url: str, socket_path: str | None) -> None:
         self.url = urlsplit(url)
         self.socket_path = socket_path
+        self._local = threading.local()
 
     def _connection(self) -> http.client.HTTPConnection:
         if self.socket_path and os.path.exists(self.socket_path):
@@ -67,27 +74,44 @@ class Gateway:
         return http.client.HTTPConnection(self.url.hostname or "127.0.0.1",
                                           self.url.port or 80, timeout=REQUEST_TIMEOUT_S)
 
+    def _exchange(self, data: bytes, token: str) -> tuple[int, bytes]:
+        conn = getattr(self._local, "conn", None)
+        reused = conn is not None
+        for _ in range(2):
+            if conn is None:
+                conn = self._connection()
+            try:
+                conn.request("POST", PATH, body=data, headers={
+                    "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+                response = conn.getresponse()
+                raw = response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                self._local.conn = conn = None
+                # A kept-alive connection the gateway closed while idle: one fresh try.
+                if reused and isinstance(exc, _STALE):
+                    reused = False
+                    continue
+                raise Unavailable(str(exc)) from None
+            if response.will_close:
+                conn.close()
+                conn = None
+            self._local.conn = conn
+            return response.status, raw
+        raise Unavailable("the gateway closed the connection")
+
     def call(self, token: str, body: dict[str, Any]) -> Any:
         data = json.dumps(body, allow_nan=False).encode()
-        conn = self._connection()
-        try:
-            conn.request("POST", PATH, body=data, headers={
-                "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-            response = conn.getresponse()
-            raw = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise Unavailable(str(exc)) from None
-        finally:
-            conn.close()
+        status, raw = self._exchange(data, token)
         try:
             doc = json.loads(raw)
         except ValueError:
-            raise Unavailable(f"HTTP {response.status} without JSON") from None
-        if response.status == 200 and isinstance(doc, dict):
+            raise Unavailable(f"HTTP {status} without JSON") from None
+        if status == 200 and isinstance(doc, dict):
             return doc.get("result")
-        if response.status >= 500 or not isinstance(doc, dict):
-            raise Unavailable(f"HTTP {response.status}")
-        raise Refused(response.status, str(doc.get("code")), str(doc.get("error")))
+        if status >= 500 or not isinstance(doc, dict):
+            raise Unavailable(f"HTTP {status}")
+        raise Refused(status, str(doc.get("code")), str(doc.get("error")))
 
 
 class Uplink:

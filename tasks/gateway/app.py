@@ -36,6 +36,7 @@ from tasks.errors import (
 )
 from tasks.gateway import tokens
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
+from tasks.gateway.beats import BeatBatcher
 from tasks.settings import Settings
 
 log = logging.getLogger("playrun.gateway")
@@ -115,7 +116,8 @@ def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple
 
 
 def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], None]) -> Starlette:
-    ctx = Context(settings=settings, send_task=send_task)
+    beats = BeatBatcher(settings.heartbeat_timeout_s, settings.gateway_beat_window_s)
+    ctx = Context(settings=settings, send_task=send_task, beats=beats)
     withdrawn = frozenset(settings.gateway_withdrawn_actions)
 
     async def runtime(request: Request) -> JSONResponse:

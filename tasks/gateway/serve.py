@@ -54,7 +54,9 @@ async def _serve(settings: Settings) -> None:
     socket_path = Path(settings.gateway_socket)
     prepare_socket(socket_path)
     common: dict[str, Any] = {"log_level": "warning", "access_log": False,
-                              "lifespan": "off", "timeout_graceful_shutdown": 5}
+                              "lifespan": "off", "timeout_graceful_shutdown": 5,
+                              # Runners keep their connection between beats (every 5 s).
+                              "timeout_keep_alive": 20}
     tcp = _Server(uvicorn.Config(asgi, host=host, port=port, **common))
     uds = _Server(uvicorn.Config(asgi, uds=str(socket_path), **common))
     loop = asyncio.get_running_loop()

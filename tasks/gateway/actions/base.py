@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tasks.fence import LaunchFence
+from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.tokens import Grant
 from tasks.settings import Settings
 
@@ -24,6 +25,8 @@ class Context:
     settings: Settings
     # Sends a Celery task by name to a queue (the gateway never deletes a sandbox itself).
     send_task: Callable[[str, list[Any], str], None]
+    # Heartbeats are answered together, one transaction per window (beats.py).
+    beats: BeatBatcher
 
 
 def launch_of(grant: Grant) -> LaunchFence:

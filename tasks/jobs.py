@@ -37,7 +37,7 @@ from tasks.constants import (
 )
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.execution.inspect import inspect
+from tasks.execution.inspect import Verdict, inspect
 from tasks.execution.launch import Launch, launch
 from tasks.fence import Fence, hold
 from tasks.maintenance.gc import collect
@@ -136,10 +136,17 @@ def inspect_attempt(run_id: str, generation: int, lease_token: str) -> None:
     sandbox_id, past_deadline = found
     fence = Fence(run_id, generation, lease_token)
     try:
-        outcome = inspect(provider(), sandbox_id, past_deadline=past_deadline)
-        if outcome is None:
+        inspected = inspect(provider(), sandbox_id, past_deadline=past_deadline)
+        if inspected.verdict == Verdict.KEEP:
             _keep_running(fence)
             return
+        if inspected.verdict == Verdict.NEVER_RAN:
+            # Its worker died between recording the launch and exec: trying again is safe.
+            defer(fence, "worker_lost", get_settings(), app,
+                  detail="the runner was never started")
+            return
+        outcome = inspected.outcome
+        assert outcome is not None
         if outcome.code == RUNTIME_RUNNER_LOST:
             with session_scope() as session:
                 hold(session, fence)

@@ -16,7 +16,9 @@ import sqlalchemy as sa
 import tasks
 from models import Attempt, db_now
 from tasks.acquisition.claim import Claimed, claim
+from tasks.acquisition.start import Step, acquire_sandbox
 from tasks.db import session_scope
+from tasks.execution.launch import mark_launching
 from tasks.settings import get_settings
 from tests.conftest import PG_BASE, PLAYS, ROOT, Worker, _psql, worker_env
 from tests.helpers import eventually, kinds
@@ -74,6 +76,38 @@ def test_an_attempt_lost_before_launch_is_deferred_and_then_completes(pg_url: st
     deferred = [e.data for e in events if e.kind == "run.deferred"]
     assert deferred and deferred[0]["cause"] == "worker_lost"
     assert [a.generation for a in tasks.get_run(handle.id).attempts] == [1]
+
+
+def test_a_worker_lost_between_launch_record_and_exec_is_retried_not_lost(
+        pg_url: str) -> None:
+    """The launch is recorded, the sandbox is live, but exec never happened: nothing of
+    the play ran, so the inspection defers the run instead of failing it RUNNER_LOST."""
+    handle = tasks.submit_run(ROOT / "examples" / "plays" / "noop.py", input={},
+                              org_id=f"org-{uuid.uuid4().hex[:6]}")
+    settings = get_settings()
+    with session_scope() as session:
+        claimed = claim(session, handle.id, worker_id="ghost", lease_seconds=30)
+    assert isinstance(claimed, Claimed)
+    acquired = acquire_sandbox(claimed, settings, tasks.app)
+    assert acquired.step == Step.LIVE and acquired.ref is not None
+    assert mark_launching(claimed.fence, settings) is not None  # ... and then it died
+    with session_scope() as session:
+        session.execute(sa.update(Attempt).where(Attempt.run_id == handle.id)
+                        .values(lease_expires_at=db_now(-1)))
+    w = Worker(worker_env(**FAST_RECOVERY), beat=True)
+    try:
+        w.wait_ready()
+        result = handle.wait(timeout=60)
+    finally:
+        w.stop()
+    assert result.status == "succeeded", result
+    seen = kinds(handle.id)
+    assert "runner.lost" not in seen
+    deferred = [e.data for e in tasks.run_events(handle.id) if e.kind == "run.deferred"]
+    assert [d["cause"] for d in deferred] == ["worker_lost"]
+    assert "never started" in (deferred[0]["detail"] or "")
+    view = tasks.get_run(handle.id)
+    assert [a.generation for a in view.attempts] == [1]
 
 
 @pytest.mark.parametrize("role", ["worker", "beat"])

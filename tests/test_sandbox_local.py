@@ -323,6 +323,13 @@ def test_wall_clock_timeout_kills_a_play_ignoring_sigalrm(provider: LocalProvide
 
 
 @pytest.mark.parametrize("provider", TREE_MODES, indirect=True)
+def test_a_sandbox_never_execed_says_so_unlike_a_lost_process(provider: LocalProvider) -> None:
+    sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
+    assert provider.poll(sid).state == "never_started"
+    provider.exec_detached(sid, [sys.executable, "-c", "pass"], env={}, timeout_s=30)
+    assert wait_exit(provider, sid).state == "exited"
+
+
 def test_missing_when_supervisor_is_killed(provider: LocalProvider) -> None:
     sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
     tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"

@@ -1,8 +1,8 @@
 """Launch the runner detached, after recording the launch under the fence.
 
 The launch is recorded *before* exec: if the worker dies in between, the reaper
-treats the attempt as launched and inspects it, never retries it, so a play can
-never run twice. At worst a runner that never started is reported lost.
+treats the attempt as launched and inspects it, so a play can never run twice; a
+sandbox in which no process was ever started is the one case tried again.
 
 From here the runner is on its own: it heartbeats and pushes through the gateway
 with the tokens minted here, and the worker slot is free at once.

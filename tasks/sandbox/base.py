@@ -103,8 +103,9 @@ class SandboxRef:
 
 @dataclass(frozen=True)
 class ProcessStatus:
-    # missing: the process is gone without an exit record (killed, lost, never started).
-    state: Literal["running", "exited", "missing"]
+    # missing: the process is gone without an exit record (killed, lost).
+    # never_started: no process was ever started in this sandbox (exec never reached it).
+    state: Literal["running", "exited", "missing", "never_started"]
     exit_code: int | None = None
     timed_out: bool = False
     # A provider limit that stopped it ("disk": its directory outgrew its cap), if any.

@@ -702,7 +702,13 @@ class LocalProvider:
         if self._top_alive(control):
             return ProcessStatus("running")
         # The supervisor may have written its record between the two checks.
-        return self._exit_status(control) or ProcessStatus("missing")
+        status = self._exit_status(control)
+        if status is not None:
+            return status
+        # exec writes the process record before the supervisor gets its argv (on stdin),
+        # so without one nothing of the play can have run.
+        exists = (control / PROC_FILE).exists()
+        return ProcessStatus("missing" if exists else "never_started")
 
     def read_file(
         self, sandbox_id: str, path: str, *, offset: int = 0, max_bytes: int

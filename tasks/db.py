@@ -69,17 +69,26 @@ def dispose_engines() -> None:
 
 
 @contextmanager
-def session_scope(url: str | None = None, *, readonly: bool = False) -> Iterator[Session]:
+def session_scope(url: str | None = None, *, readonly: bool = False,
+                  durable: bool = True) -> Iterator[Session]:
     """A session in one transaction: committed on success, rolled back on error.
 
     `readonly` sessions must not write; on SQLite they do not take the write lock.
+    `durable=False` commits without waiting for the WAL flush (PostgreSQL): a crash can
+    lose it, but only with every later commit, since any durable commit flushes the WAL
+    before it. Use it where a lost commit is recovered like a lost worker is (docs/design.md).
     """
     engine = get_engine(url)
     if readonly:
         engine = engine.execution_options(playrun_readonly=True)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
     with factory() as session, session.begin():
+        if not durable and not readonly and engine.dialect.name == "postgresql":
+            session.execute(_ASYNC_COMMIT)
         yield session
+
+
+_ASYNC_COMMIT = sa.text("SET LOCAL synchronous_commit = off")
 
 
 def is_postgres(session: Session) -> bool:

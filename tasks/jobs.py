@@ -71,15 +71,16 @@ def start_attempt(self: Task, run_id: str) -> str:
         if opened.reason == Skip.CANCEL:
             settle_unattended(run_id, CANCELLED_OUTCOME)
         return opened.reason.value
-    fence = opened.fence
+    claimed = opened.claimed
+    fence = claimed.fence
     try:
-        acquired = acquire_sandbox(opened, settings, app)
+        acquired = acquire_sandbox(claimed, settings, app, opened.policy)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:
             return acquired.step.value
         ref = acquired.ref
-        launched = launch(fence, provider(ref.provider), ref.sandbox_id, opened.org_id,
+        launched = launch(fence, provider(ref.provider), ref.sandbox_id, claimed.org_id,
                           settings)
     except FenceLostError as exc:
         log.warning("run %s gen %s lost its fence during start: %s", run_id,

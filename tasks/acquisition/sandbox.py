@@ -76,7 +76,8 @@ def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> Sand
 
 
 def note_requested(fence: Fence, provider: str) -> None:
-    with session_scope() as session:
+    """The permit is granted and the provider is asked (not durable: see start.py)."""
+    with session_scope(durable=False) as session:
         hold(session, fence)
         ledger.append(session, fence.run_id, EV_SANDBOX_REQUESTED, {"provider": provider},
                       fence.generation)
@@ -91,7 +92,8 @@ def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
     FenceLostError propagates.
     """
     try:
-        with session_scope() as session:
+        # Not durable: the launch record that follows is, and flushes this first.
+        with session_scope(durable=False) as session:
             hold(session, fence)
             renew(session, fence, get_settings().lease_seconds)  # a slow create used some
             known = session.scalars(sa.select(RuntimeResource).where(

@@ -51,20 +51,34 @@ class Acquired:
     reason: str = ""
 
 
-def open_attempt(run_id: str, settings: Settings) -> Claimed | Skipped:
-    with session_scope() as session:
-        return claim(session, run_id, worker_id=worker_id(), lease_seconds=settings.lease_seconds)
+@dataclass(frozen=True)
+class Opened:
+    claimed: Claimed
+    policy: traffic.Policy  # read in the claim's transaction
+
+
+# Transactions before launch commit without waiting for the WAL flush (durable=False): a
+# crash that loses one loses everything after it too, until the launch record, which is
+# durable and flushes them before exec. Losing them is recovered like a lost worker.
+
+def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
+    with session_scope(durable=False) as session:
+        claimed = claim(session, run_id, worker_id=worker_id(),
+                        lease_seconds=settings.lease_seconds)
+        if isinstance(claimed, Skipped):
+            return claimed
+        return Opened(claimed, traffic.current(session))
 
 
 def _policy(claimed: Claimed, settings: Settings) -> traffic.Policy:
-    with session_scope() as session:
+    with session_scope(durable=False) as session:
         hold(session, claimed.fence)
         renew(session, claimed.fence, settings.lease_seconds)
         return traffic.current(session)
 
 
 def _reserve(claimed: Claimed, settings: Settings) -> str:
-    with session_scope() as session:
+    with session_scope(durable=False) as session:
         hold(session, claimed.fence)
         renew(session, claimed.fence, settings.lease_seconds)
         return capacity.reserve(session, claimed.fence, claimed.org_id, settings).lease_id
@@ -73,19 +87,17 @@ def _reserve(claimed: Claimed, settings: Settings) -> str:
 _DEFERRED = Acquired(Step.DEFERRED)
 
 
-def acquire_sandbox(claimed: Claimed, settings: Settings, app: Any) -> Acquired:
+def acquire_sandbox(claimed: Claimed, settings: Settings, app: Any,
+                    policy: traffic.Policy | None = None) -> Acquired:
     """Raises FenceLostError when the attempt lost its fence on the way."""
     fence = claimed.fence
     provider: SandboxProvider = provider_for()
-    policy = _policy(claimed, settings)
+    if policy is None:
+        policy = _policy(claimed, settings)
     if policy.mode == traffic.HOLD:
         defer(fence, "hold", settings, app, detail="hold_new_sandbox_starts is in force")
         return _DEFERRED
-    decision = permits.acquire(provider.name, policy, settings)
-    if not decision.granted:
-        defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
-              detail=f"start rate {decision.rate:g}/min")
-        return _DEFERRED
+    # Capacity first: a run that waits for its org's capacity burns no start permit.
     try:
         lease_id = _reserve(claimed, settings)
     except CapacityExceededError as exc:
@@ -94,6 +106,11 @@ def acquire_sandbox(claimed: Claimed, settings: Settings, app: Any) -> Acquired:
             return _DEFERRED
         return Acquired(Step.FAILED, code=exc.code, error=f"{exc.code}: {exc.message}",
                         reason="capacity")
+    decision = permits.acquire(provider.name, policy, settings)
+    if not decision.granted:
+        defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
+              detail=f"start rate {decision.rate:g}/min")
+        return _DEFERRED
     try:
         ref = create(provider, claimed, settings, lease_id)
     except ProviderError as exc:

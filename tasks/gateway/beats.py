@@ -135,7 +135,8 @@ class BeatBatcher:
             batch = self._collect(last_txn)
             last_txn = time.monotonic()
             try:
-                with session_scope() as session:
+                # A lost renewal only shortens a lease: the reaper then finds it running.
+                with session_scope(durable=False) as session:
                     answers = answer_beats(session, [p.fence for p in batch], self.timeout_s)
                 for pending in batch:
                     pending.answer = answers.get(pending.fence)

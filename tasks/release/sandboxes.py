@@ -30,7 +30,8 @@ def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_i
                 RuntimeResource.id == resource_id).values(last_error=str(exc)[:2000],
                                                           updated_at=db_now()))
         return False
-    with session_scope() as session:
+    # Not durable: if a crash loses the mark, GC finds the sandbox gone and marks it again.
+    with session_scope(durable=False) as session:
         lock_run(session, run_id)  # run row first, as every writer does: no deadlock
         changed = session.execute(
             sa.update(RuntimeResource)

@@ -126,6 +126,8 @@ HOST_QUEUE_PREFIX: Final = "playrun.host."
 KEY_PREFIX: Final = "playrun"
 KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
 KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
+# Set of run ids whose start messages a worker node holds (received, not yet finished).
+KEY_HELD_STARTS: Final = f"{KEY_PREFIX}:held-starts:"
 
 # Limits.
 MAX_INPUT_BYTES: Final = 256 * 1024

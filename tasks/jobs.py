@@ -40,6 +40,7 @@ from tasks.errors import FenceLostError
 from tasks.execution.inspect import Verdict, inspect
 from tasks.execution.launch import Launch, launch
 from tasks.fence import Fence, hold
+from tasks.maintenance import held
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import reap
 from tasks.maintenance.trouble import note_failure
@@ -53,6 +54,7 @@ from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import CANCEL_REASON, settle_forced, settle_unattended
 
 log = logging.getLogger("playrun.jobs")
+held.connect(app)
 
 
 @app.task(name=TASK_START_ATTEMPT, bind=True, max_retries=None)

@@ -205,8 +205,8 @@ class Worker:
 
     # With beat by default: quiet runners are found only by the reaper.
     def __init__(self, env: dict[str, str], *, concurrency: int = 2, beat: bool = True,
-                 log_path: Path | None = None) -> None:
-        self.name = f"w{secrets.token_hex(4)}@test"
+                 log_path: Path | None = None, name: str | None = None) -> None:
+        self.name = name or f"w{secrets.token_hex(4)}@test"
         self.log_path = log_path or Path(tempfile.mktemp(prefix="playrun-worker-", suffix=".log"))
         args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-n", self.name,
                 f"--concurrency={concurrency}", "--loglevel=INFO", "--without-mingle",

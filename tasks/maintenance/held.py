@@ -1,0 +1,97 @@
+"""Start messages a worker holds, so a killed worker's are sent again when it restarts.
+
+A worker prefetches start messages; killed with SIGKILL, it leaves them unacked in
+Redis until the broker's visibility timeout (an hour), and the runs wait for the
+outbox sweep's backoff. Each node keeps the run ids it holds in a Redis set (added
+when a message is received, removed when its task returns); a node that starts
+again under the same name (a supervisor's restart) re-sends what its last life
+held. A re-sent start is harmless: the claim ignores a run that is not queued.
+A node that never returns leaves its runs to the outbox sweep, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from celery.signals import task_postrun, task_received, worker_init
+
+from tasks.constants import KEY_HELD_STARTS, QUEUE, TASK_START_ATTEMPT
+from tasks.notify import redis_client
+
+log = logging.getLogger("playrun.held")
+
+# A held set no live worker touches for this long is dropped (the sweep has those runs).
+HELD_TTL_S = 24 * 3600
+
+
+def _run_id(args: Any) -> str | None:
+    if isinstance(args, (list, tuple)) and args and isinstance(args[0], str):
+        return args[0]
+    return None
+
+
+def note_held(client: redis.Redis, node: str, run_id: str) -> None:
+    with client.pipeline(transaction=False) as pipe:
+        pipe.sadd(KEY_HELD_STARTS + node, run_id)
+        pipe.expire(KEY_HELD_STARTS + node, HELD_TTL_S)
+        pipe.execute()
+
+
+def note_done(client: redis.Redis, node: str, run_id: str) -> None:
+    client.srem(KEY_HELD_STARTS + node, run_id)
+
+
+def take_held(client: redis.Redis, node: str) -> list[str]:
+    """What this node's previous life held, removed atomically."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.smembers(KEY_HELD_STARTS + node)
+        pipe.delete(KEY_HELD_STARTS + node)
+        members, _ = pipe.execute()
+    return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+
+
+def connect(app: Any) -> None:
+    """Hook the worker's signals (called once, where the tasks are defined)."""
+
+    def _received(sender: Any = None, request: Any = None, **_: Any) -> None:
+        if request is None or getattr(request, "name", None) != TASK_START_ATTEMPT:
+            return
+        run_id = _run_id(getattr(request, "args", None))
+        node = getattr(sender, "hostname", None)
+        if run_id is not None and node:
+            try:
+                note_held(redis_client(), node, run_id)
+            except redis.RedisError as exc:  # only recovery speed is at stake
+                log.warning("cannot note held start %s: %s", run_id, exc)
+
+    def _done(sender: Any = None, args: Any = None, state: Any = None, **_: Any) -> None:
+        # A retry re-sends the message (with a countdown) that this node may now hold.
+        if getattr(sender, "name", None) != TASK_START_ATTEMPT or state == "RETRY":
+            return
+        run_id = _run_id(args)
+        node = getattr(getattr(sender, "request", None), "hostname", None)
+        if run_id is not None and node:
+            try:
+                note_done(redis_client(), node, run_id)
+            except redis.RedisError as exc:
+                log.warning("cannot clear held start %s: %s", run_id, exc)
+
+    def _resend(sender: Any = None, **_: Any) -> None:
+        node = getattr(sender, "hostname", None)
+        if not node:
+            return
+        try:
+            held = take_held(redis_client(), node)
+            for run_id in held:
+                app.send_task(TASK_START_ATTEMPT, args=[run_id], queue=QUEUE)
+        except Exception as exc:  # noqa: BLE001 - the outbox sweep re-sends them anyway
+            log.warning("cannot re-send the starts held before a restart: %s", exc)
+            return
+        if held:
+            log.warning("re-sent %d start(s) this worker held when it last stopped", len(held))
+
+    task_received.connect(_received, weak=False)
+    task_postrun.connect(_done, weak=False)
+    worker_init.connect(_resend, weak=False)

@@ -125,7 +125,8 @@ class Context:
         self._seq = 0
         self._bytes = 0
         self._dropped = 0
-        self._steps: Any = None  # playrun_steps.Steps, set by the runner
+        self._steps: Any = None  # playrun_steps.Steps, made on the first ctx.step
+        self._deadline = time.monotonic()  # the run's wall-clock end, set by the runner
         # Set by a runtime sheet that stopped this run: (code, error); the run fails with it.
         self.halted: tuple[str, str] | None = None
 
@@ -133,7 +134,12 @@ class Context:
         """`fn()`'s JSON output, computed once per (org, play, key): a completed work
         receipt is returned without calling fn. `ttl` seconds let a receipt expire."""
         if self._steps is None:
-            raise RuntimeError("ctx.step needs playrun_steps.py beside runner.py")
+            # Imported on first use: plays without steps do not pay for it at start-up.
+            try:
+                import playrun_steps  # beside runner.py in the sandbox
+            except ImportError:
+                raise RuntimeError("ctx.step needs playrun_steps.py beside runner.py") from None
+            self._steps = playrun_steps.Steps(self._uplink, self._deadline)
         return self._steps.step(key, fn, ttl)
 
     def sheet(self, table: str) -> Any:
@@ -204,7 +210,6 @@ class Runner:
         self.ctx: Context | None = None
         self.payload: bytes | None = None
         self.uplink: Any = None
-        self.steps: Any = None  # the playrun_steps module
 
     # --- the one terminal write ---------------------------------------------------------
 
@@ -334,8 +339,7 @@ class Runner:
             return self.fail(INPUT_INVALID, problem)
 
         self.ctx = Context(self.dir, self.uplink)
-        if self.steps is not None:
-            self.ctx._steps = self.steps.Steps(self.uplink, time.monotonic() + self.timeout_s)
+        self.ctx._deadline = time.monotonic() + self.timeout_s
         module = types.ModuleType("play")
         module.__file__ = str(self.dir / PLAY_FILE)
         sys.modules["play"] = module
@@ -360,7 +364,9 @@ class Runner:
                 return self.fail(RUN_TIMEOUT, self._timeout_message())
             if self.ctx.halted is not None:
                 return self.fail(*self.ctx.halted)
-            why = self.steps.code_of(exc) if self.steps is not None else None
+            # Only a play that used ctx.step can raise a step's error.
+            steps = sys.modules.get("playrun_steps")
+            why = steps.code_of(exc) if steps is not None else None
             return self.fail(why or PLAY_ERROR, self._describe(exc))
         if self._timed_out:  # the play caught RunTimeout and returned anyway
             return self.fail(RUN_TIMEOUT, self._timeout_message())
@@ -402,12 +408,6 @@ class Runner:
             self.uplink = playrun_client.Uplink.from_env(self._stop)
         except ImportError:
             self.uplink = None
-        try:
-            import playrun_steps  # ctx.step, beside runner.py too
-
-            self.steps = playrun_steps
-        except ImportError:
-            self.steps = None
         if self.uplink is not None:
             self.uplink.start()
         try:

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import http.client
 import json
 import os
-import random
 import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 PATH = "/v1/runtime"
 REQUEST_TIMEOUT_S = 10.0
@@ -30,10 +27,6 @@ DELIVER_EVERY_S = 0.2
 # Answers that mean this runner no longer owns its attempt: it must stop.
 STOP_CODES = frozenset({"FENCE_LOST", "GATEWAY_TOKEN_EXPIRED", "GATEWAY_TOKEN_INVALID",
                         "GATEWAY_CAPABILITY_DENIED"})
-
-
-# Errors of a kept-alive connection the server closed before this request reached it.
-_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 
 class Refused(Exception):
@@ -48,57 +41,131 @@ class Unavailable(Exception):
     """The gateway could not be reached, or answered that it cannot serve now."""
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
+class _Stale(Exception):
+    """A kept-alive connection the gateway closed while it was idle."""
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
+
+# The gateway's answers are small JSON documents; anything bigger is not the gateway.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+
+
+class _Connection:
+    """HTTP/1.1 with keep-alive, just as much as the gateway speaks (Content-Length
+    bodies). Not http.client: it imports the email package, a third of a runner's
+    start-up."""
+
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.buffer = b""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise _Stale("the gateway closed the connection")
+        self.buffer += chunk
+
+    def post(self, path: str, data: bytes, token: str) -> tuple[int, bytes, bool]:
+        """(status, body, whether the gateway will close the connection)."""
+        self.sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+            .encode("latin-1") + data)
+        received = False
+        while b"\r\n\r\n" not in self.buffer:
+            if len(self.buffer) > MAX_HEAD_BYTES:
+                raise Unavailable("the answer's head is too large")
+            try:
+                self._fill()
+            except _Stale:
+                if received:
+                    raise Unavailable("the gateway closed the connection mid-answer") from None
+                raise
+            received = True
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise Unavailable(f"not an HTTP answer: {lines[0][:80]!r}")
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = headers.get("content-length", "")
+        if not length.isdigit() or int(length) > MAX_ANSWER_BYTES:
+            raise Unavailable("the answer has no usable Content-Length")
+        self.buffer = rest
+        while len(self.buffer) < int(length):
+            try:
+                self._fill()
+            except _Stale:
+                raise Unavailable("the gateway closed the connection mid-answer") from None
+        body, self.buffer = self.buffer[:int(length)], self.buffer[int(length):]
+        closing = headers.get("connection", "").lower() == "close"
+        return int(parts[1]), body, closing
+
+
+def _tcp_address(url: str) -> tuple[str, int]:
+    """host and port of an http:// URL (urllib.parse is another import the runner avoids)."""
+    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if rest.startswith("["):
+        host, _, port = rest[1:].partition("]")
+        port = port.lstrip(":")
+    else:
+        host, _, port = rest.partition(":")
+    return host or "127.0.0.1", int(port) if port.isdigit() else 80
 
 
 class Gateway:
     """One kept-alive connection per thread (heartbeat, delivery, the play's own calls)."""
 
     def __init__(self, url: str, socket_path: str | None) -> None:
-        self.url = urlsplit(url)
+        self.address = _tcp_address(url)
         self.socket_path = socket_path
         self._local = threading.local()
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connect(self) -> _Connection:
         if self.socket_path and os.path.exists(self.socket_path):
-            return _UnixConnection(self.socket_path, REQUEST_TIMEOUT_S)
-        return http.client.HTTPConnection(self.url.hostname or "127.0.0.1",
-                                          self.url.port or 80, timeout=REQUEST_TIMEOUT_S)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(REQUEST_TIMEOUT_S)
+            try:
+                sock.connect(self.socket_path)
+            except OSError:
+                sock.close()
+                raise
+            return _Connection(sock)
+        return _Connection(socket.create_connection(self.address, timeout=REQUEST_TIMEOUT_S))
 
     def _exchange(self, data: bytes, token: str) -> tuple[int, bytes]:
-        conn = getattr(self._local, "conn", None)
+        conn: _Connection | None = getattr(self._local, "conn", None)
         reused = conn is not None
-        for _ in range(2):
-            if conn is None:
-                conn = self._connection()
+        while True:
             try:
-                conn.request("POST", PATH, body=data, headers={
-                    "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-                response = conn.getresponse()
-                raw = response.read()
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
+                if conn is None:
+                    conn = self._connect()
+                status, raw, closing = conn.post(PATH, data, token)
+            except (_Stale, OSError) as exc:
+                if conn is not None:
+                    conn.close()
                 self._local.conn = conn = None
-                # A kept-alive connection the gateway closed while idle: one fresh try.
-                if reused and isinstance(exc, _STALE):
+                # Idle keep-alive closed by the gateway: the request never reached it.
+                if reused and isinstance(exc, (_Stale, BrokenPipeError, ConnectionResetError)):
                     reused = False
                     continue
                 raise Unavailable(str(exc)) from None
-            if response.will_close:
+            except Unavailable:
+                conn.close()  # type: ignore[union-attr]
+                self._local.conn = None
+                raise
+            if closing:
                 conn.close()
                 conn = None
             self._local.conn = conn
-            return response.status, raw
-        raise Unavailable("the gateway closed the connection")
+            return status, raw
 
     def call(self, token: str, body: dict[str, Any]) -> Any:
         data = json.dumps(body, allow_nan=False).encode()
@@ -112,6 +179,11 @@ class Gateway:
         if status >= 500 or not isinstance(doc, dict):
             raise Unavailable(f"HTTP {status}")
         raise Refused(status, str(doc.get("code")), str(doc.get("error")))
+
+
+def _jitter() -> float:
+    """0.5 to 1.5, without importing random (its import costs more than this needs)."""
+    return 0.5 + int.from_bytes(os.urandom(2), "big") / 65535
 
 
 class Uplink:
@@ -268,7 +340,7 @@ class Uplink:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                time.sleep(min(pause * random.uniform(0.5, 1.5), left))
+                time.sleep(min(pause * _jitter(), left))
                 pause = min(pause * 2, 5.0)
 
     def stop(self) -> None:

@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
     # The gateway answers all heartbeats of this window in one transaction: at most
     # 1/window commits per second for beats, however many plays run.
-    gateway_beat_window_s: float = Field(default=0.05, ge=0, le=1.0)
+    gateway_beat_window_s: float = Field(default=0.1, ge=0, le=1.0)
     # Progress events kept per attempt; beyond this one event records how many were dropped.
     progress_max_events: int = Field(default=10_000, ge=0)
     # Runtime sheets: rows a runner admits per request, and row results it writes per request.

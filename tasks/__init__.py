@@ -13,6 +13,8 @@ from tasks.api import (
     cancel_run,
     get_run,
     list_runs,
+    resolve_run_id,
+    run_cursor,
     run_events,
     submit_run,
 )
@@ -39,6 +41,8 @@ __all__ = [
     "get_run",
     "list_runs",
     "receipts",
+    "resolve_run_id",
+    "run_cursor",
     "run_events",
     "sheet_rows",
     "submit_run",

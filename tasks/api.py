@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from models import Attempt, Run, db_now
 from tasks import ledger
+from tasks.admission.again import admit_again
 from tasks.admission.relay import publish_admitted
 from tasks.admission.submit import admit
 from tasks.admission.validate import check_run_id, check_wait_timeout
@@ -227,3 +228,12 @@ def _launched_host(run_id: str) -> str | None:
                                      Attempt.state == "active",
                                      Attempt.runner_started_at.is_not(None))).first()
     return None if row is None else (row[0] or "")
+
+
+def run_again(run_id: str, *, idempotency_key: str | None = None) -> RunHandle:
+    """A new run of `run_id`'s stored play bundle with the same input and org."""
+    ensure_schema_once()
+    admitted = admit_again(run_id, idempotency_key)
+    if admitted.outbox_id is not None:
+        publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT, [admitted.run_id])
+    return RunHandle(admitted.run_id, admitted.created)

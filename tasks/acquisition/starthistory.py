@@ -101,9 +101,12 @@ def read_history(minutes: int = START_HISTORY_MINUTES,
     """Each bucket's samples for the last `minutes` minutes (oldest first, the current
     minute last; minutes without decisions are zero). Two round trips in all."""
     client = client or redis_client()
-    buckets = sorted(b.decode("utf-8", "replace") for b in client.smembers(BUCKETS_KEY))
+    first = client.pipeline(transaction=False)
+    first.smembers(BUCKETS_KEY)
+    first.time()
+    members, (seconds, _micros) = first.execute()
+    buckets = sorted(b.decode("utf-8", "replace") for b in members)
     buckets = [b for b in buckets if "{" not in b and "}" not in b][:MAX_BUCKETS]
-    seconds, _micros = client.time()
     now_minute = int(seconds) // 60
     span = range(now_minute - minutes + 1, now_minute + 1)
     pipe = client.pipeline(transaction=False)

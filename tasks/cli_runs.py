@@ -45,17 +45,24 @@ def list_for_cli(limit: str, org: str | None, status: str | None, code: str | No
     return found, (tasks.run_cursor(found[-1]) if more and found else None)
 
 
+def _took(view: Any) -> str:
+    if view.finished_at is None:
+        return ""
+    seconds = (view.finished_at - view.created_at).total_seconds()
+    return f"{seconds:.1f}s" if seconds < 100 else f"{seconds / 60:.0f}m"
+
+
 def table(views: Sequence[tasks.RunView]) -> Table:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("id", min_width=32, no_wrap=True, overflow="ignore")
     t.add_column("org", overflow="fold")
     t.add_column("status", overflow="fold")
     t.add_column("code", overflow="fold")
-    t.add_column("created", overflow="fold")
-    t.add_column("finished", overflow="fold")
+    t.add_column("created (UTC)", overflow="fold")
+    t.add_column("took", no_wrap=True, overflow="ellipsis")
     for v in views:
         t.add_row(v.id, v.org_id, v.status, v.code or "", f"{v.created_at:%Y-%m-%d %H:%M:%S}",
-                  f"{v.finished_at:%H:%M:%S}" if v.finished_at else "")
+                  _took(v))
     return t
 
 

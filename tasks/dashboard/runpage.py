@@ -205,6 +205,15 @@ def event_page(session: Session, run_id: str, after: int | None, tail: bool,
     return EventPage([_event(e) for e in rows], rows[-1].id if more else None, total)
 
 
+def _attempt_failure(run: Run, a: Attempt) -> FailureClass | None:
+    """The run's code belongs to its last attempt; an earlier one ended with its own reason
+    (a code, or a word such as `pushed` or `deferred`)."""
+    if a.generation == run.current_generation and a.state != ATTEMPT_ACTIVE and run.code:
+        return failure_class(run.code)
+    reason = a.end_reason or ""
+    return failure_class(reason) if reason.isupper() else None
+
+
 def _attempts(session: Session, run: Run, now: datetime) -> list[AttemptPanel]:
     attempts = list(session.scalars(sa.select(Attempt).where(Attempt.run_id == run.id)
                                     .order_by(Attempt.generation)))
@@ -221,7 +230,7 @@ def _attempts(session: Session, run: Run, now: datetime) -> list[AttemptPanel]:
         panels.append(AttemptPanel(
             a.generation, a.state, a.worker_id, a.provider, a.sandbox_id, a.started_at,
             a.ended_at, a.end_reason,
-            failure_class(a.end_reason if a.end_reason and a.end_reason.isupper() else None),
+            _attempt_failure(run, a),
             None if seen is None else max(0.0, (now - seen).total_seconds()),
             a.lease_expires_at if launched_active else None,
             run.deferred_until if deferred else None,

@@ -114,8 +114,10 @@ class AttemptPanel:
     ended_at: datetime | None
     end_reason: str | None
     failure: FailureClass | None
-    last_seen_s: float | None  # since its last heartbeat (or launch), by the db clock
+    last_seen_at: datetime | None  # its last heartbeat (or its launch)
+    last_seen_s: float | None  # how long ago, by the database clock
     heartbeat_deadline: datetime | None  # a launched, active runner counts as lost then
+    healthy: bool | None  # a launched, active runner: its lease has not run out
     next_retry_at: datetime | None  # a deferred attempt resumes then
     deferral_cause: str | None
     timeline: list[EventRow]
@@ -231,8 +233,9 @@ def _attempts(session: Session, run: Run, now: datetime) -> list[AttemptPanel]:
             a.generation, a.state, a.worker_id, a.provider, a.sandbox_id, a.started_at,
             a.ended_at, a.end_reason,
             _attempt_failure(run, a),
-            None if seen is None else max(0.0, (now - seen).total_seconds()),
+            seen, None if seen is None else max(0.0, (now - seen).total_seconds()),
             a.lease_expires_at if launched_active else None,
+            (a.lease_expires_at > now) if launched_active else None,
             run.deferred_until if deferred else None,
             run.last_deferral_cause if deferred else None, timeline))
     return panels

@@ -35,14 +35,12 @@ def run_dict(view: Any) -> dict[str, Any]:
 def list_for_cli(limit: str, org: str | None, status: str | None, code: str | None,
                  since: str | None, until: str | None, before: str | None
                  ) -> tuple[list[tasks.RunView], str | None]:
-    """The page of runs, and the cursor of the next page (None when this is the last)."""
+    """The page of runs, and the cursor of the next page (None after a short page)."""
     n = parse_count(limit, "--limit")
-    found = tasks.list_runs(n + 1, org, status=status, code=code,
+    found = tasks.list_runs(n, org, status=status, code=code,
                             since=parse_moment(since, "--since"),
                             until=parse_moment(until, "--until"), before=before)
-    more = len(found) > n
-    found = found[:n]
-    return found, (tasks.run_cursor(found[-1]) if more and found else None)
+    return found, (tasks.run_cursor(found[-1]) if found and len(found) == n else None)
 
 
 def _took(view: Any) -> str:

@@ -28,10 +28,20 @@ def test_acquires_and_penalties_are_counted_per_minute(slow_bucket: str,
     settings = get_settings().model_copy(update={"start_rate_initial_per_min": 6.0,
                                                  "start_rate_floor_per_min": 1.0})
     policy = Policy(NORMAL)
-    decisions = [permits.acquire(slow_bucket, policy, settings) for _ in range(4)]
+    starthistory.flush()
+    starthistory.reset()  # as after a quiet second: the next decision is written at once
+    writes = starthistory.writer().writes
+    decisions = [permits.acquire(slow_bucket, policy, settings)]
+    assert sum(s.grants for s in starthistory.read_history()[slow_bucket]) == 1
+    decisions += [permits.acquire(slow_bucket, policy, settings) for _ in range(3)]
     assert [d.granted for d in decisions] == [True, False, False, False]
     assert permits.penalize(slow_bucket, policy, decisions[0].epoch, settings)
     assert not permits.penalize(slow_bucket, policy, decisions[0].epoch, settings)  # same epoch
+    # The burst right after that write waits in memory for one write together.
+    assert sum(s.denials for s in starthistory.read_history()[slow_bucket]) < 3 \
+        or starthistory.writer().writes - writes > 1
+    starthistory.flush()
+    assert starthistory.writer().writes - writes <= 2  # five decisions, two round trips
 
     history = starthistory.read_history()
     samples = history[slow_bucket]
@@ -58,6 +68,7 @@ def test_a_dead_redis_costs_a_start_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     try:
         began = time.monotonic()
         starthistory.record_permit("dead", Permit(True, 0, int(time.time() * 1000), 0, 60.0, 1))
+        starthistory.flush()
         assert time.monotonic() - began < 1.0
         decision = permits.acquire("dead", Policy(NORMAL), get_settings())
         assert decision.degraded and decision.granted

@@ -130,6 +130,16 @@ def test_requests_without_the_token_are_refused(dashboard: str) -> None:
     assert page.status_code == 200
     assert "script-src" not in page.headers["content-security-policy"]  # default-src 'none'
     assert "default-src 'none'" in page.headers["content-security-policy"]
+    read = {"Authorization": "Bearer " + READ_TOKEN}
+    for query, status, code in [("/runs?status=nope", 400, "INPUT_INVALID"),
+                                ("/runs?before=junk", 400, "INPUT_INVALID"),
+                                ("/runs?since=yesterday", 400, "INPUT_INVALID"),
+                                ("/runs/abc", 400, "INPUT_INVALID"),
+                                (f"/runs/{uuid.uuid4().hex}", 404, "RUN_NOT_FOUND"),
+                                ("/runs?run=" + uuid.uuid4().hex[:10], 404, "RUN_NOT_FOUND")]:
+        answer = httpx.get(dashboard + query, headers=read)
+        assert answer.status_code == status, query
+        assert f"error {code}:" in answer.text, query
 
 
 def test_the_runs_and_run_pages_show_runs_timeline_and_code(dashboard: str,
@@ -259,3 +269,23 @@ def test_the_dashboard_refuses_to_start_unsafely(pg_url: str, extra: dict[str, s
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.startswith("error CONFIG_INVALID:") and message in proc.stderr
     assert "Traceback" not in proc.stderr and time.monotonic() - began < 30
+
+
+def test_on_sqlite_without_a_token_it_makes_one_and_prints_it(sqlite_db: str) -> None:
+    port = free_port()
+    env = worker_env(PLAYRUN_DATABASE_URL=sqlite_db, PLAYRUN_DASHBOARD_ADDR=f"127.0.0.1:{port}")
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "dashboard"], env=env,
+                            cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=die_with_parent)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        found = re.search(r"ready on http://127\.0\.0\.1:(\d+) \(token for this process: "
+                          r"([A-Za-z0-9_-]{24,})\)", line)
+        assert found and int(found.group(1)) == port, line
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(url + "/runs").status_code == 401
+        page = httpx.get(url + "/runs", headers={"Authorization": "Bearer " + found.group(2)})
+        assert page.status_code == 200 and "No runs match." in page.text
+    finally:
+        stop_group(proc, 15)

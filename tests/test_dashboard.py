@@ -163,8 +163,10 @@ def test_the_runs_and_run_pages_show_runs_timeline_and_code(dashboard: str,
     assert "failure class" in html and ">play<" in html.replace("<strong>", ">").replace(
         "</strong>", "<")
     timeline = re.findall(r'<span class="kind">([a-z._]+)</span>', html)
-    assert timeline[:3] == ["attempt.started", "sandbox.requested", "sandbox.live"]
-    assert "run.failed" in timeline
+    # (a start may be deferred first when other tests filled the shared bucket)
+    assert timeline[0] == "attempt.started"
+    assert timeline.index("sandbox.requested") < timeline.index("sandbox.live") \
+        < timeline.index("run.failed")
     assert "last heartbeat 20" in html  # an ended attempt: when it was last heard of
     assert tab.count("section.attempt") == 1 and tab.count("tr.event") >= 5
     assert tab.count("a.button") == 0  # no "Run again" for a read token

@@ -23,7 +23,12 @@ class PlayBundle(Base):
 
 class Run(Base):
     __tablename__ = "runs"
-    __table_args__ = (sa.UniqueConstraint("org_id", "idempotency_key", name="uq_runs_org_idem"),)
+    __table_args__ = (
+        sa.UniqueConstraint("org_id", "idempotency_key", name="uq_runs_org_idem"),
+        # Listings page newest first by (created_at, id), for all orgs or one.
+        sa.Index("ix_runs_created_id", "created_at", "id"),
+        sa.Index("ix_runs_org_created_id", "org_id", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
     org_id: Mapped[str] = mapped_column(sa.String(128), index=True)

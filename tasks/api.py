@@ -1,4 +1,4 @@
-"""The public API for app code: submit_run, get_run, cancel_run, run_events.
+"""The public API for app code: submit_run, get_run, cancel_run, run_events, list_runs.
 
 Every argument is checked by tasks.admission.validate before it reaches SQL.
 """
@@ -17,14 +17,10 @@ import sqlalchemy as sa
 
 from models import Attempt, Run, db_now
 from tasks import ledger
+from tasks.admission.again import admit_again
 from tasks.admission.relay import publish_admitted
 from tasks.admission.submit import admit
-from tasks.admission.validate import (
-    check_list_limit,
-    check_org_id,
-    check_run_id,
-    check_wait_timeout,
-)
+from tasks.admission.validate import check_run_id, check_wait_timeout
 from tasks.app import app, send
 from tasks.constants import (
     CANCELLED,
@@ -40,6 +36,9 @@ from tasks.db import ensure_schema_once, session_scope
 from tasks.errors import RunNotFoundError, RunWaitTimeoutError
 from tasks.fence import lock_run
 from tasks.notify import redis_client
+from tasks.runquery import RunFilter, find_runs
+from tasks.runquery import resolve_run_id as resolve_run_id  # re-exported for app code
+from tasks.runquery import run_cursor as run_cursor
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_unattended
 
@@ -177,15 +176,14 @@ def get_run(run_id: str) -> RunView:
         return _view(run, attempts)
 
 
-def list_runs(limit: int = 50, org_id: str | None = None) -> list[RunView]:
-    limit = check_list_limit(limit)
-    if org_id is not None:
-        org_id = check_org_id(org_id)
-    with session_scope(readonly=True) as session:
-        stmt = sa.select(Run).order_by(Run.created_at.desc()).limit(limit)
-        if org_id is not None:
-            stmt = stmt.where(Run.org_id == org_id)
-        return [_view(r, []) for r in session.scalars(stmt)]
+def list_runs(limit: int = 50, org_id: str | None = None, *, status: str | None = None,
+              code: str | None = None, since: datetime | None = None,
+              until: datetime | None = None, before: str | None = None) -> list[RunView]:
+    """Runs newest first (without their attempts), filtered; `since` <= created_at <
+    `until` (aware datetimes). For the next page pass `before=run_cursor(last view)`."""
+    query = RunFilter.check(limit, org_id, status=status, code=code, since=since,
+                            until=until, before=before)
+    return [_view(r, []) for r in find_runs(query)]
 
 
 def run_events(run_id: str) -> list[ledger.Event]:
@@ -230,3 +228,12 @@ def _launched_host(run_id: str) -> str | None:
                                      Attempt.state == "active",
                                      Attempt.runner_started_at.is_not(None))).first()
     return None if row is None else (row[0] or "")
+
+
+def run_again(run_id: str, *, idempotency_key: str | None = None) -> RunHandle:
+    """A new run of `run_id`'s stored play bundle with the same input and org."""
+    ensure_schema_once()
+    admitted = admit_again(run_id, idempotency_key)
+    if admitted.outbox_id is not None:
+        publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT, [admitted.run_id])
+    return RunHandle(admitted.run_id, admitted.created)

@@ -147,15 +147,18 @@ def submit(play: Path, input: Annotated[str, typer.Option("--input")] = "null",
 
 @app.command()
 def runs(limit: Annotated[str, typer.Option("--limit", metavar="N")] = "20",
-         org: str | None = None) -> None:
-    """List recent runs."""
-    import tasks
+         org: str | None = None,
+         status: Annotated[str | None, typer.Option(help="queued, running, succeeded, ...")] = None,
+         code: Annotated[str | None, typer.Option(help="e.g. PLAY_ERROR")] = None,
+         since: Annotated[str | None, typer.Option(help="1h, or an ISO time")] = None,
+         until: Annotated[str | None, typer.Option(help="1h, or an ISO time")] = None,
+         before: Annotated[str | None, typer.Option(help="the page cursor `more:` printed")] = None,
+         as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False) -> None:
+    """List recent runs, newest first (ids in full: `show` takes them or a unique prefix)."""
+    from tasks.cli_runs import list_for_cli, print_runs
 
-    table = Table("id", "org", "status", "code", "created", "finished")
-    for v in tasks.list_runs(limit=parse_count(limit, "--limit"), org_id=org):
-        table.add_row(v.id, v.org_id, v.status, v.code or "", f"{v.created_at:%Y-%m-%d %H:%M:%S}",
-                      f"{v.finished_at:%H:%M:%S}" if v.finished_at else "")
-    console.print(table)
+    found, more = list_for_cli(limit, org, status, code, since, until, before)
+    print_runs(console, found, more, as_json)
 
 
 @app.command()
@@ -163,6 +166,7 @@ def show(run_id: str, events: bool = True) -> None:
     """Show one run, its attempts and (by default) its ledger."""
     import tasks
 
+    run_id = tasks.resolve_run_id(run_id)
     print(json.dumps(_view_dict(tasks.get_run(run_id)), indent=2, default=str))
     if events:
         for e in tasks.run_events(run_id):
@@ -174,7 +178,17 @@ def cancel(run_id: str) -> None:
     """Cancel a run (a no-op once a terminal outcome has won)."""
     import tasks
 
-    print(json.dumps(_view_dict(tasks.cancel_run(run_id)), indent=2, default=str))
+    print(json.dumps(_view_dict(tasks.cancel_run(tasks.resolve_run_id(run_id))), indent=2,
+                     default=str))
+
+
+@app.command()
+def dashboard() -> None:
+    """Serve the operators' web pages (PLAYRUN_DASHBOARD_ADDR, PLAYRUN_DASHBOARD_TOKEN)."""
+    from tasks.dashboard.serve import serve
+    from tasks.settings import get_settings
+
+    serve(get_settings())
 
 
 @policy_app.command("show")

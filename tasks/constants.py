@@ -11,6 +11,7 @@ SUCCEEDED: Final = "succeeded"
 FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 TERMINAL_STATUSES: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
+RUN_STATUSES: Final = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 
 # Attempt states.
 ATTEMPT_ACTIVE: Final = "active"
@@ -128,6 +129,11 @@ KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
 KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
 # Set of run ids whose start messages a worker node holds (received, not yet finished).
 KEY_HELD_STARTS: Final = f"{KEY_PREFIX}:held-starts:"
+# Per-minute start-rate samples for the dashboard: one hash per bucket and minute, and
+# the set of buckets that wrote any (tasks/acquisition/starthistory.py).
+KEY_START_HISTORY: Final = f"{KEY_PREFIX}:starthist:"
+START_HISTORY_TTL_S: Final = 2 * 3600
+START_HISTORY_MINUTES: Final = 60
 
 # Limits.
 MAX_INPUT_BYTES: Final = 256 * 1024
@@ -146,6 +152,14 @@ MAX_IDEMPOTENCY_KEY_CHARS: Final = 256  # runs.idempotency_key
 MAX_PLAY_PATH_CHARS: Final = 1024  # runs.play_path
 RUN_ID_PATTERN: Final = r"[0-9a-f]{32}"  # uuid4().hex, what models.base.new_id makes
 MAX_LIST_RUNS: Final = 10_000
+# Run listings and prefixes (tasks/runquery.py): a prefix names a run only from this long.
+MIN_RUN_ID_PREFIX: Final = 6
+RUN_CODE_PATTERN: Final = r"[A-Z][A-Z0-9_]{0,63}"
+# The operators' dashboard (tasks/dashboard/): page sizes and its self-refresh.
+DASHBOARD_REFRESH_S: Final = 10
+DASHBOARD_RUNS_PAGE: Final = 50
+DASHBOARD_EVENTS_PAGE: Final = 200
+DASHBOARD_MIN_TOKEN_CHARS: Final = 16
 MAX_STARTS_PER_MINUTE: Final = 1_000_000.0  # the start-rate bucket's ceiling (startrate.maths)
 MAX_SQL_INT: Final = 2**31 - 1  # an Integer column
 MAX_DURATION_S: Final = 365 * 86400.0  # operator holds, throttles and waits

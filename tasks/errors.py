@@ -80,6 +80,12 @@ class RunNotFoundError(PlayrunError):
     code = "RUN_NOT_FOUND"
 
 
+class RunIdAmbiguousError(InputInvalidError):
+    """A run-id prefix names more than one run."""
+
+    code = "RUN_ID_AMBIGUOUS"
+
+
 class RunWaitTimeoutError(PlayrunError):
     """The run did not reach a terminal outcome within the wait timeout."""
 

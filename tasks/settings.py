@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     gc_grace_s: float = Field(default=60.0, ge=0)
     outbox_resend_after_s: float = Field(default=10.0, ge=0)
 
+    # The operators' dashboard (`playrun dashboard`): its own listener, a read token and a
+    # separate token for "run again"; without a read token it starts only on SQLite.
+    dashboard_addr: str = "127.0.0.1:8790"
+    dashboard_token: str | None = None
+    dashboard_write_token: str | None = None
+
     @property
     def is_postgres(self) -> bool:
         return self.database_url.startswith("postgresql")

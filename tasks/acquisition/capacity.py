@@ -128,7 +128,7 @@ def set_limit(org_id: str, limit: int | None) -> None:
 
 def show(default: int) -> list[tuple[str, int, int, int]]:
     """(org, limit, reserved, live) for every org with an override or a held lease."""
-    with session_scope() as session:
+    with session_scope(readonly=True) as session:
         orgs = set(session.scalars(sa.select(CapacityOrg.org_id)))
         counts: dict[tuple[str, str], int] = {}
         for org, state, n in session.execute(

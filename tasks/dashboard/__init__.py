@@ -1,0 +1,1 @@
+"""The operators' dashboard (`playrun dashboard`): server-rendered, read-only but for run again."""

@@ -1,0 +1,73 @@
+"""The dashboard's fleet page: start-rate history per bucket, traffic policy, capacity."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+from markupsafe import Markup
+
+from tasks.acquisition import capacity, policy
+from tasks.acquisition.starthistory import Sample, read_history
+from tasks.dashboard.chart import render
+from tasks.db import session_scope
+from tasks.settings import Settings
+
+log = logging.getLogger("playrun.dashboard")
+
+MAX_ORGS = 200  # capacity rows shown; the rest are counted
+
+
+@dataclass(frozen=True)
+class BucketChart:
+    bucket: str
+    svg: Markup
+    grants: int
+    denials: int
+    penalties: int
+    rate: float | None  # the newest rate reported in the hour
+
+
+@dataclass(frozen=True)
+class OrgCapacity:
+    org_id: str
+    limit: int
+    reserved: int
+    live: int
+
+
+@dataclass(frozen=True)
+class Fleet:
+    charts: list[BucketChart]
+    history_error: str | None  # Redis did not answer: the chart is missing, not empty
+    policy: policy.Policy
+    orgs: list[OrgCapacity]
+    orgs_hidden: int
+    default_limit: int
+    capacity_mode: str
+
+
+def _chart(bucket: str, samples: list[Sample]) -> BucketChart:
+    rates = [s.rate for s in samples if s.rate is not None]
+    return BucketChart(bucket, render(bucket, samples), sum(s.grants for s in samples),
+                       sum(s.denials for s in samples), sum(s.penalties for s in samples),
+                       rates[-1] if rates else None)
+
+
+def fleet(settings: Settings) -> Fleet:
+    charts: list[BucketChart] = []
+    error = None
+    try:
+        charts = [_chart(b, s) for b, s in read_history().items()]
+    except redis.RedisError as exc:
+        log.warning("start-rate history unavailable: %s", exc)
+        error = f"Redis did not answer ({type(exc).__name__})"
+    with session_scope(readonly=True) as session:
+        current = policy.current(session)
+    rows = capacity.show(settings.org_capacity)
+    # Fullest first: the orgs an operator is asked about.
+    rows.sort(key=lambda r: (-(r[2] + r[3]) / max(r[1], 1), r[0]))
+    return Fleet(charts, error, current,
+                 [OrgCapacity(*r) for r in rows[:MAX_ORGS]], max(0, len(rows) - MAX_ORGS),
+                 settings.org_capacity, settings.capacity_mode)

@@ -106,6 +106,9 @@ RUNNER_CLIENT_FILE: Final = "playrun_client.py"
 RUNNER_STEPS_FILE: Final = "playrun_steps.py"
 RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 
+# The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
+SCHEMA_REVISION: Final = "0005"
+
 # Celery queue and task names.
 QUEUE: Final = "playrun"
 # Beat's periodic jobs ride their own queue: a backlog of starts must not expire them.

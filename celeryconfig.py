@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kombu import Exchange, Queue
 
-from tasks.constants import MAINTENANCE_QUEUE, QUEUE
+from tasks.constants import MAINTENANCE_QUEUE, QUEUE, RELEASE_QUEUE
 from tasks.settings import get_settings
 
 _settings = get_settings()
@@ -42,9 +42,9 @@ result_expires = 3600
 task_ignore_result = True
 # Workers declare their queue; app code only publishes to it.
 task_default_queue = QUEUE
-# Every worker consumes both; maintenance has its own so it never waits behind starts.
+# Every worker consumes all three; maintenance and releases never wait behind starts.
 task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name)
-                    for name in (QUEUE, MAINTENANCE_QUEUE))
+                    for name in (QUEUE, MAINTENANCE_QUEUE, RELEASE_QUEUE))
 task_default_exchange = QUEUE
 task_default_routing_key = QUEUE
 task_create_missing_queues = False

@@ -46,11 +46,11 @@ def plain(n: int, env: dict[str, str], log_dir: Path) -> float:
     try:
         for i in range(2):
             args = [sys.executable, "-m", "celery", "-A", "bench.plain_app", "worker",
-                    "-n", f"plain{i}@bench", "--concurrency=2", "--loglevel=WARNING",
+                    "-n", f"plain{i}@bench", "--concurrency=2", "--loglevel=INFO",
                     "--without-mingle", "--without-gossip", "-Q", "bench.plain"]
             workers.append(Child(f"plain{i}", args, env, log_dir))
         for w in workers:
-            w.wait_for("ready", timeout=90)
+            w.wait_for("ready.", timeout=90)
         from bench.plain_app import count
 
         counter = redis.Redis.from_url(env["PLAYRUN_REDIS_URL"])

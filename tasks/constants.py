@@ -107,10 +107,16 @@ RUNNER_CLIENT_FILE: Final = "playrun_client.py"
 RUNNER_STEPS_FILE: Final = "playrun_steps.py"
 RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 
+# The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
+SCHEMA_REVISION: Final = "0005"
+
 # Celery queue and task names.
 QUEUE: Final = "playrun"
 # Beat's periodic jobs ride their own queue: a backlog of starts must not expire them.
 MAINTENANCE_QUEUE: Final = "playrun.maintenance"
+# Releases of sandboxes any worker reaches (fake, cloud): a backlog of starts must not hold
+# capacity that finished runs already gave back. A `local` sandbox's go to its host's queue.
+RELEASE_QUEUE: Final = "playrun.release"
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"

@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     gc_interval_s: float = Field(default=60.0, gt=0)
     gc_grace_s: float = Field(default=60.0, ge=0)
     outbox_resend_after_s: float = Field(default=10.0, ge=0)
+    # The reaper releases what an ended attempt still holds only this long after it ended:
+    # before that the run's own release task is usually on its way.
+    release_grace_s: float = Field(default=30.0, ge=0)
 
     # The operators' dashboard (`playrun dashboard`): its own listener, a read token and a
     # separate token for "run again"; without a read token it starts only on SQLite.

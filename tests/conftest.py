@@ -98,6 +98,8 @@ BASE_ENV = {
     "PLAYRUN_HEARTBEAT_INTERVAL_S": "1",
     "PLAYRUN_HEARTBEAT_TIMEOUT_S": "4",
     "PLAYRUN_REAP_INTERVAL_S": "1",
+    # Tests kill release paths on purpose and wait for the reaper to take them over.
+    "PLAYRUN_RELEASE_GRACE_S": "2",
 }
 os.environ.update(BASE_ENV)
 

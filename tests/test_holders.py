@@ -49,6 +49,22 @@ def test_the_reaper_releases_what_a_deferred_holder_left_behind(
     assert lease(lease_a)[0] == "released"
 
 
+def test_the_reaper_leaves_a_just_ended_attempt_to_its_own_release_task(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    org = f"org-{uuid.uuid4().hex[:8]}"
+    a = must_claim(new_run(org), "A")
+    lease_a = reserve(a, org)
+    monkeypatch.setattr(deferral, "release_attempt", lambda *args: None)
+    # A cancel ends the attempt (ended_at is now) and its release is "on its way".
+    tasks.cancel_run(a.run_id)
+    assert deferral.defer(a, "hold", get_settings(), StubApp()) == "cancelled"
+    retry_releases(ReapReport(), grace_s=60)
+    assert lease(lease_a)[0] == "reserved"  # within the grace: not the reaper's yet
+    retry_releases(ReapReport(), grace_s=0)
+    assert lease(lease_a)[0] == "released"
+
+
 def test_a_cancel_before_launch_wins_and_nothing_starts(pg_url: str) -> None:
     f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)  # the attempt is active, so only the request is recorded

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,9 +34,17 @@ def empty_sqlite(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'playrun.db'}"
 
 
-def test_single_head() -> None:
+def test_single_head_and_it_is_the_revision_the_code_needs() -> None:
     script = ScriptDirectory.from_config(db.alembic_config("sqlite://"))
-    assert len(script.get_heads()) == 1
+    assert script.get_heads() == [db.head_revision()]
+
+
+def test_importing_tasks_does_not_import_alembic() -> None:
+    """Workers and the gateway check the revision with a SELECT and start faster."""
+    code = "import sys, tasks, tasks.gateway.serve; print('alembic' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
 
 
 def _diff(url: str) -> list[object]:

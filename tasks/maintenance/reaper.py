@@ -23,6 +23,7 @@ from tasks.constants import (
     ATTEMPT_ACTIVE,
     EV_CAPACITY_RELEASED,
     QUEUE,
+    RELEASE_QUEUE,
     RESOURCE_DELETED,
     RUNTIME_RUNNER_LOST,
     TASK_CANCEL_ATTEMPT,
@@ -136,7 +137,7 @@ def _recover(adopted: Adopted, settings: Settings, app: Any, report: ReapReport)
             "be inspected"), "runner_lost")
         if settled.won:
             send(TASK_RELEASE_ATTEMPT, [fence.run_id, fence.generation, fence.lease_token],
-                 queue)
+                 adopted.host_queue or RELEASE_QUEUE)
         report.settled_overdue.append(fence.run_id)
     else:
         # Its heartbeats stopped: the host that holds the sandbox inspects it.
@@ -174,8 +175,13 @@ def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
             note_failure(run_id, exc, "the reaper's recovery")
 
 
-def retry_releases(report: ReapReport) -> None:
-    """Sandboxes and leases whose holder is no longer the active attempt's holder."""
+RELEASE_BATCH = 100
+
+
+def retry_releases(report: ReapReport, grace_s: float = 0.0) -> None:
+    """Sandboxes and leases whose holder is no longer the active attempt's holder, a batch
+    at a time, once their attempt ended `grace_s` ago (its own release task is usually
+    still on its way before that)."""
     current = sa.select(Attempt.run_id, Attempt.generation, Attempt.lease_token).where(
         Attempt.state == ATTEMPT_ACTIVE)
     found: set[tuple[str, int, str]] = set()
@@ -183,9 +189,15 @@ def retry_releases(report: ReapReport) -> None:
         for model, held in ((RuntimeResource, RuntimeResource.state != RESOURCE_DELETED),
                             (CapacityLease, CapacityLease.state.in_(HELD))):
             holder = sa.func.coalesce(model.holder_token, "")
+            settled_a_while = sa.or_(Attempt.ended_at.is_(None),
+                                     Attempt.ended_at < db_now(-grace_s))
             for run_id, generation, token in session.execute(
-                sa.select(model.run_id, model.generation, holder).where(
-                    held, sa.tuple_(model.run_id, model.generation, holder).not_in(current))
+                sa.select(model.run_id, model.generation, holder)
+                .outerjoin(Attempt, sa.and_(Attempt.run_id == model.run_id,
+                                            Attempt.generation == model.generation))
+                .where(held, settled_a_while,
+                       sa.tuple_(model.run_id, model.generation, holder).not_in(current))
+                .limit(RELEASE_BATCH)
             ).all():
                 found.add((run_id, generation, token))
     here = host_queue()
@@ -209,6 +221,6 @@ def reap(settings: Settings, app: Any) -> ReapReport:
     report.reservations_expired = expire_reservations()
     recover_expired(settings, app, report)
     resend_cancels(settings)
-    retry_releases(report)
+    retry_releases(report, settings.release_grace_s)
     report.receipts_released = release_orphans()
     return report

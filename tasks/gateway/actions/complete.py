@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from tasks.constants import QUEUE, TASK_RELEASE_ATTEMPT
+from tasks.constants import RELEASE_QUEUE, TASK_RELEASE_ATTEMPT
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
 from tasks.gateway.tokens import Grant
 from tasks.settlement.outcome import from_document
@@ -25,6 +25,6 @@ def handle(grant: Grant, request: Complete, ctx: Context) -> dict[str, Any]:
     if settled.won:
         ctx.send_task(TASK_RELEASE_ATTEMPT,
                       [grant.run_id, grant.generation, settled.holder_token or ""],
-                      settled.host_queue or QUEUE)
+                      settled.host_queue or RELEASE_QUEUE)
     outcome = settled.outcome
     return {"won": settled.won, "status": outcome.status, "code": outcome.code}

@@ -3,6 +3,7 @@ and each still gets its own fenced answer (PostgreSQL, in-process batcher)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -101,3 +102,18 @@ def test_a_database_error_reaches_every_waiter_and_the_batcher_goes_on(pg_url: s
         batcher.beat(bad)
     answer = batcher.beat(fence)
     assert answer is not None and not answer.cancel
+
+
+def test_beats_awaited_on_one_event_loop_share_a_transaction(commits: list[int]) -> None:
+    """The gateway awaits beats on its loop: forty at once hold no threads and commit once."""
+    fences = launched(40)
+    batcher = BeatBatcher(timeout_s=30.0, window_s=0.5)
+    batcher.beat(fences[0])
+    commits.clear()
+
+    async def all_at_once() -> list[BeatAnswer | None]:
+        return await asyncio.gather(*(batcher.beat_async(f) for f in fences))
+
+    answers = asyncio.run(all_at_once())
+    assert len(commits) <= 2, f"{len(commits)} transactions for 40 beats"
+    assert all(a is not None and not a.cancel for a in answers)

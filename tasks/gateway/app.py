@@ -7,6 +7,7 @@ each action's name, fields and capability. Refusals are JSON `{"code", "error"}`
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -115,6 +116,14 @@ def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple
     return planned
 
 
+async def run_action(action: Action, grant: tokens.Grant, model: ActionRequest,
+                     ctx: Context) -> Any:
+    """Blocking handlers run in the thread pool; coroutine handlers on the loop."""
+    if asyncio.iscoroutinefunction(action.handler):
+        return await action.handler(grant, model, ctx)
+    return await run_in_threadpool(action.handler, grant, model, ctx)
+
+
 def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], None]) -> Starlette:
     beats = BeatBatcher(settings.heartbeat_timeout_s, settings.gateway_beat_window_s)
     ctx = Context(settings=settings, send_task=send_task, beats=beats)
@@ -131,7 +140,7 @@ def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], No
             planned = plan(doc, grant, withdrawn)
             results = []
             for action, model in planned:
-                results.append(await run_in_threadpool(action.handler, grant, model, ctx))
+                results.append(await run_action(action, grant, model, ctx))
         except PlayrunError as exc:
             return refusal(exc)
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:

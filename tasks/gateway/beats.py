@@ -10,6 +10,7 @@ the batch's statements, and the renewal is a conditional UPDATE of those same ro
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -87,6 +88,23 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     answer: BeatAnswer | None = None
     error: BaseException | None = None
+    # Set for a beat awaited on the event loop: it holds no thread while it waits.
+    future: asyncio.Future[BeatAnswer | None] | None = None
+
+    def settle(self) -> None:
+        if self.future is None:
+            self.done.set()
+        else:
+            self.future.get_loop().call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        assert self.future is not None
+        if self.future.done():
+            return  # the request gave up waiting
+        if self.error is not None:
+            self.future.set_exception(self.error)
+        else:
+            self.future.set_result(self.answer)
 
 
 class BeatBatcher:
@@ -109,6 +127,14 @@ class BeatBatcher:
         if pending.error is not None:
             raise pending.error
         return pending.answer
+
+    async def beat_async(self, fence: LaunchFence) -> BeatAnswer | None:
+        """As beat(), awaited on the event loop instead of holding a worker thread."""
+        self._start()
+        pending = _Pending(fence, future=asyncio.get_running_loop().create_future())
+        self._queue.put(pending)
+        assert pending.future is not None
+        return await asyncio.wait_for(pending.future, ANSWER_TIMEOUT_S)
 
     def _start(self) -> None:
         with self._lock:
@@ -144,4 +170,4 @@ class BeatBatcher:
                 for pending in batch:
                     pending.error = exc
             for pending in batch:
-                pending.done.set()
+                pending.settle()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,8 @@ def launch_of(grant: Grant) -> LaunchFence:
 
 
 Handler = Callable[[Grant, Any, Context], dict[str, Any]]
+# A handler that only waits (heartbeat) is a coroutine, run on the event loop.
+AsyncHandler = Callable[[Grant, Any, Context], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -41,4 +43,4 @@ class Action:
     name: str
     capability: str
     model: type[ActionRequest]
-    handler: Handler
+    handler: Handler | AsyncHandler

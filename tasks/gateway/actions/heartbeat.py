@@ -18,8 +18,9 @@ class Heartbeat(ActionRequest):
     action: Literal["heartbeat"]
 
 
-def handle(grant: Grant, _request: Heartbeat, ctx: Context) -> dict[str, Any]:
-    answer = ctx.beats.beat(launch_of(grant))
+async def handle(grant: Grant, _request: Heartbeat, ctx: Context) -> dict[str, Any]:
+    # Awaited on the event loop: a thousand waiting beats hold no threads.
+    answer = await ctx.beats.beat_async(launch_of(grant))
     if answer is None:
         raise FenceLostError(f"launch {grant.launch_id} of run {grant.run_id} is not current")
     if answer.past_deadline:

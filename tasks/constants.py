@@ -26,7 +26,6 @@ LEASE_RELEASED: Final = "released"
 LEASE_HELD: Final = (LEASE_RESERVED, LEASE_LIVE)
 
 # Runtime resource (sandbox) states.
-RESOURCE_REQUESTED: Final = "requested"
 RESOURCE_LIVE: Final = "live"
 RESOURCE_CLEANUP: Final = "cleanup"
 RESOURCE_DELETED: Final = "deleted"
@@ -113,7 +112,6 @@ MAINTENANCE_QUEUE: Final = "playrun.maintenance"
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"
-TASK_SWEEP_DEFERRED: Final = "playrun.sweep_deferred"
 TASK_SANDBOX_GC: Final = "playrun.sandbox_gc"
 TASK_WATCHDOG_PING: Final = "playrun.watchdog_ping"
 TASK_RELEASE_ATTEMPT: Final = "playrun.release_attempt"
@@ -132,7 +130,6 @@ MAX_INPUT_BYTES: Final = 256 * 1024
 MAX_OUTPUT_BYTES: Final = 1024 * 1024
 MAX_RESULT_FILE_BYTES: Final = 2 * 1024 * 1024
 MAX_EVENT_BYTES: Final = 16 * 1024
-MAX_EVENTS_READ_BYTES: Final = 256 * 1024
 MAX_PLAY_BYTES: Final = 1024 * 1024
 MAX_INPUT_DEPTH: Final = 64  # nesting of lists and objects in a run input
 MAX_INPUT_INT: Final = 2**63  # |n| < this: an int64 survives JSONB, SQLite and Python alike

@@ -13,6 +13,7 @@ import pytest
 
 from tasks.embedded import Stack
 from tests.conftest import PLAYS, ROOT
+from tests.helpers import pids_with_env
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +34,20 @@ def test_playrun_demo_runs_the_sample_play_and_stops_everything(tmp_path: Path) 
                  "run.succeeded", "sandbox.deleted"):
         assert kind in out
     assert "Hello, Ada!" in out
-    # Everything it started is gone: no celery or valkey child left behind.
-    left = subprocess.run(["pgrep", "-f", f"playrun-demo-.*|{tmp_path}"], capture_output=True,
-                          text=True).stdout.split()
-    assert [p for p in left if int(p) != os.getpid()] == []
+    # Everything it started is gone: no celery (pool children included) or valkey left.
+    assert pids_with_env("HOME", str(tmp_path)) == []
+
+
+def test_the_leftover_check_sees_what_a_child_inherits(tmp_path: Path) -> None:
+    """The check above is by environment, which a worker's pool children inherit."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env=clean_env(HOME=str(tmp_path)))
+    try:
+        assert pids_with_env("HOME", str(tmp_path)) == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert pids_with_env("HOME", str(tmp_path)) == []
 
 
 @pytest.fixture(scope="module")

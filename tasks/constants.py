@@ -163,3 +163,9 @@ SHEET_MAX_ROW_BYTES: Final = 64 * 1024
 SHEET_MAX_READ_BYTES: Final = 2 * 1024 * 1024
 # The development signing secret; refused when a PostgreSQL database is configured.
 DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"
+# The CLI, as a person at a terminal meets it: a broker that does not answer fails a
+# submit within seconds, and a wait with no worker says so after this long.
+CLI_BROKER_TIMEOUT_S: Final = 2.0
+CLI_NO_WORKER_HINT_S: Final = 5.0
+# `playrun dev` writes the URLs of its stack here; the CLI reads them when PLAYRUN_* is unset.
+DEV_STATE_FILE: Final = "dev.json"

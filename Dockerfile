@@ -3,11 +3,11 @@ FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap util-linux procps \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
-COPY pyproject.toml celeryconfig.py README.md ./
+COPY pyproject.toml constraints.txt celeryconfig.py README.md ./
 COPY tasks ./tasks
 COPY models ./models
 COPY examples ./examples
-RUN pip install --no-cache-dir ".[flower]"
+RUN pip install --no-cache-dir -c constraints.txt ".[flower]"
 # Workers run unprivileged: strict sandboxes need only unprivileged user namespaces.
 RUN useradd --system --uid 10001 --home-dir /var/lib/playrun --create-home playrun \
     && mkdir -p /var/lib/playrun/sandboxes /var/lib/playrun/gateway \

@@ -89,9 +89,11 @@ class RunView:
 class RunHandle:
     """A submitted run. `created` is False when an idempotency key matched an earlier run."""
 
-    def __init__(self, run_id: str, created: bool = True) -> None:
+    def __init__(self, run_id: str, created: bool = True, published: bool = True) -> None:
         self.id = run_id
         self.created = created
+        # False when the broker refused the start: the run is committed, the sweep sends it.
+        self.published = published
 
     def __repr__(self) -> str:
         return f"RunHandle({self.id!r})"
@@ -144,10 +146,12 @@ def submit_run(play: str | Path, input: Any = None, *, org_id: str,
     """Admit a run; with a key already used by this org, return that run and write nothing."""
     ensure_schema_once()
     admitted = admit(play, input, org_id, idempotency_key)
+    published = True
     if admitted.outbox_id is not None:
         # Committed already: if this publish fails, the beat sweep publishes the row.
-        publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT, [admitted.run_id])
-    return RunHandle(admitted.run_id, admitted.created)
+        published = publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT,
+                                     [admitted.run_id])
+    return RunHandle(admitted.run_id, admitted.created, published)
 
 
 def _view(run: Run, attempts: list[Attempt]) -> RunView:

@@ -47,7 +47,7 @@ def queue(name: str) -> Queue:
 
 
 def send(name: str, args: list[Any], queue_name: str = QUEUE) -> None:
-    app.send_task(name, args=args, queue=queue(queue_name))
+    app.send_task(name, args=args, queue=queue(queue_name), ignore_result=True)
 
 
 @celeryd_after_setup.connect

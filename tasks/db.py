@@ -13,7 +13,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.constants import SCHEMA_REVISION
-from tasks.errors import SchemaNotCurrentError
+from tasks.errors import DatabaseUnavailableError, SchemaNotCurrentError
 from tasks.settings import get_settings
 
 _engines: dict[tuple[int, str], sa.Engine] = {}
@@ -22,7 +22,11 @@ _engines: dict[tuple[int, str], sa.Engine] = {}
 def _sqlite_engine(url: str) -> sa.Engine:
     path = sa.engine.make_url(url).database
     if path and path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatabaseUnavailableError(f"cannot create the directory of the SQLite "
+                                           f"database {path}: {exc.strerror}") from exc
     engine = sa.create_engine(url, connect_args={"timeout": 30}, poolclass=sa.pool.NullPool)
 
     @event.listens_for(engine, "connect")
@@ -146,10 +150,11 @@ def require_current_schema(url: str | None = None) -> None:
     """Refuse to go on unless the database is at the Alembic head."""
     try:
         current = current_revision(url)
-    except sa.exc.OperationalError as exc:
-        raise SchemaNotCurrentError(
-            f"cannot read the schema revision ({exc.orig}); run `playrun db upgrade`"
-        ) from exc
+    except sa.exc.OperationalError as exc:  # not a schema problem: nothing answered
+        reason = " ".join(str(exc.orig).split())
+        shown = get_engine(url).url.render_as_string(hide_password=True)
+        raise DatabaseUnavailableError(f"cannot reach the database at {shown}: {reason}") \
+            from exc
     head = head_revision()
     if current != head:
         raise SchemaNotCurrentError(

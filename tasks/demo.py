@@ -6,9 +6,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from tasks.cli_output import console as plain_console
+from tasks.cli_output import event_line, live_status
+from tasks.constants import EV_CAPACITY_RELEASED
 from tasks.embedded import Stack
 
 SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plays" / "hello.py"
@@ -20,11 +24,11 @@ RELEASE_WAIT_S = 15.0
 
 def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
              keep: bool = False) -> int:
-    console = Console()
+    console = plain_console()
     home = Path(tempfile.mkdtemp(prefix="playrun-demo-"))
     stack = Stack(home)
     try:
-        with console.status("starting the embedded Redis, SQLite, the gateway and a worker..."):
+        with live_status(console, "starting the embedded Redis, SQLite, gateway and worker"):
             stack.start_redis()
             os.environ.update(stack.env)
             from tasks.settings import reset_settings
@@ -41,27 +45,7 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
         handle = tasks.submit_run(play, input={"name": name}, org_id="demo",
                                   idempotency_key=f"demo-{time.time_ns()}")
         console.print(f"[bold]run[/bold] {handle.id} submitted ({play.name})")
-        seen = 0
-        deadline = time.monotonic() + timeout
-        released_by: float | None = None
-        while time.monotonic() < deadline:
-            events = tasks.run_events(handle.id)
-            for event in events[seen:]:
-                console.print(f"  [dim]{event.at:%H:%M:%S.%f}[/dim] [cyan]{event.kind}[/cyan] "
-                              f"{_brief(event.data)}")
-            seen = len(events)
-            if tasks.get_run(handle.id).finished_at is not None:
-                # The release (sandbox, capacity) follows the terminal: show it too.
-                if any(e.kind == "capacity.released" for e in events):
-                    break
-                released_by = released_by or time.monotonic() + RELEASE_WAIT_S
-                if time.monotonic() > released_by:
-                    break
-            time.sleep(0.1)
-        view = tasks.get_run(handle.id)
-        for event in tasks.run_events(handle.id)[seen:]:
-            console.print(f"  [dim]{event.at:%H:%M:%S.%f}[/dim] [cyan]{event.kind}[/cyan] "
-                          f"{_brief(event.data)}")
+        view = _follow(console, handle.id, timeout)
         style = "green" if view.status == "succeeded" else "red"
         console.print(f"[bold {style}]{view.status}[/bold {style}] output={view.output!r}"
                       + (f" code={view.code} error={view.error}" if view.code else ""))
@@ -79,5 +63,31 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
             console.print(f"logs and database kept in {home}")
 
 
-def _brief(data: dict[str, object]) -> str:
-    return " ".join(f"{k}={v!r}" for k, v in data.items() if v is not None)
+def _follow(console: Console, run_id: str, timeout: float) -> Any:
+    """Print the ledger as it grows, under a live status line (on a terminal), until the
+    release that follows the terminal is recorded."""
+    import tasks
+
+    seen = 0
+    started = time.monotonic()
+    deadline = started + timeout
+    released_by: float | None = None
+    with live_status(console, f"run {run_id}: submitted") as status:
+        while time.monotonic() < deadline:
+            events = tasks.run_events(run_id)
+            for event in events[seen:]:
+                console.print(event_line(event))
+            seen = len(events)
+            view = tasks.get_run(run_id)
+            status.update(f"run {run_id}: {view.status}, {events[-1].kind if events else ''} "
+                          f"({time.monotonic() - started:.1f} s)")
+            if view.finished_at is not None:
+                if any(e.kind == EV_CAPACITY_RELEASED for e in events):
+                    break
+                released_by = released_by or time.monotonic() + RELEASE_WAIT_S
+                if time.monotonic() > released_by:
+                    break
+            time.sleep(0.1)
+    for event in tasks.run_events(run_id)[seen:]:
+        console.print(event_line(event))
+    return tasks.get_run(run_id)

@@ -99,6 +99,14 @@ class Stack:
         self.procs.append((role, proc))
         return proc
 
+    def exited(self) -> list[str]:
+        """Roles whose process has ended (a foreground stack reports them and stops)."""
+        return [role for role, proc in self.procs if proc.poll() is not None]
+
+    def start_cli(self, role: str, *args: str) -> subprocess.Popen[bytes]:
+        """A `python -m tasks.cli ...` child, logging to ROLE.log like the others."""
+        return self._start(role, [sys.executable, "-m", "tasks.cli", *args])
+
     def stop(self) -> None:
         for _, proc in reversed(self.procs):
             if proc.poll() is None:

@@ -74,6 +74,18 @@ class DurationInvalidError(InputInvalidError):
     code = "DURATION_INVALID"
 
 
+class DatabaseUnavailableError(PlayrunError):
+    """The database did not answer (down, unreachable, or a path that cannot be opened)."""
+
+    code = "DATABASE_UNAVAILABLE"
+
+
+class BrokerUnavailableError(PlayrunError):
+    """Redis (the Celery broker) did not answer."""
+
+    code = "BROKER_UNAVAILABLE"
+
+
 class RunNotFoundError(PlayrunError):
     """No run has this id."""
 

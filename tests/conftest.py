@@ -23,8 +23,12 @@ from pathlib import Path
 import pytest
 import redis
 
-REDIS_BASE = os.environ.get("PLAYRUN_TEST_REDIS", "redis://127.0.0.1:6379")
-PG_BASE = os.environ.get("PLAYRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+from tests.private_servers import admin_url, database_url, ensure
+
+# The configured servers, or private ones from wheels when those do not answer.
+PG_BASE, REDIS_BASE, PRIVATE_SERVERS = ensure(
+    os.environ.get("PLAYRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432"),
+    os.environ.get("PLAYRUN_TEST_REDIS", "redis://127.0.0.1:6379"))
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_MARK = "playrun:test-session"
 
@@ -71,8 +75,15 @@ def _claim_redis_db() -> int:
 
 REDIS_DB = _claim_redis_db()
 TEST_REDIS_URL = f"{REDIS_BASE}/{REDIS_DB}"
+
+
+def pg_database(name: str) -> str:
+    """The URL of database `name` on the session's PostgreSQL."""
+    return database_url(PG_BASE, name)
+
+
 PG_NAME = f"playrun_test_{os.getpid()}_{secrets.token_hex(3)}"
-TEST_PG_URL = f"{PG_BASE}/{PG_NAME}"
+TEST_PG_URL = pg_database(PG_NAME)
 SANDBOX_ROOT = Path(tempfile.mkdtemp(prefix="playrun-test-sb-"))
 GATEWAY_DIR = Path(tempfile.mkdtemp(prefix="playrun-test-gw-"))
 
@@ -107,7 +118,7 @@ os.environ.update(BASE_ENV)
 def _psql(sql: str) -> None:
     import psycopg
 
-    with psycopg.connect(PG_BASE.replace("+psycopg", "") + "/postgres", autocommit=True) as c:
+    with psycopg.connect(admin_url(PG_BASE), autocommit=True) as c:
         c.execute(sql)
 
 
@@ -115,13 +126,20 @@ def _drop_orphaned_databases() -> None:
     """Databases of killed test sessions (their pid is gone) are dropped."""
     import psycopg
 
-    with psycopg.connect(PG_BASE.replace("+psycopg", "") + "/postgres", autocommit=True) as c:
+    with psycopg.connect(admin_url(PG_BASE), autocommit=True) as c:
         names = [r[0] for r in c.execute(
             "select datname from pg_database where datname like 'playrun_test_%'")]
     for name in names:
         parts = name.split("_")
         if len(parts) >= 3 and parts[2].isdigit() and not _alive(int(parts[2])):
             _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if PRIVATE_SERVERS:  # one line, -q or not
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(PRIVATE_SERVERS)
 
 
 @pytest.fixture(scope="session")

@@ -315,7 +315,7 @@ def test_a_reservation_that_never_went_live_expires(pg_url: str) -> None:
     assert lease(lease_id)[0] == "released"
     released = [e.data for e in tasks.run_events(stale_run) if e.kind == "capacity.released"]
     assert released == [{"lease_id": lease_id, "reason": "reservation expired"}]
-    assert expire_reservations() == 0 or lease(lease_id)[0] == "released"  # once only
+    assert expire_reservations() == 0  # once only: a second pass finds nothing to expire
     assert kinds(stale_run).count("capacity.released") == 1
     # The slot is free again, and the expired reservation can no longer go live.
     reserve(waiting, org_id, settings)

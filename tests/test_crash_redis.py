@@ -3,6 +3,7 @@ is shared): queued and in-flight runs are neither lost nor stuck."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -77,12 +78,19 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     r.stack.stop()
 
 
-def submit(env: dict[str, str], play: Path, input: str) -> str:
+def submit(env: dict[str, str], play: Path, input: str, *, broker_up: bool = True) -> str:
     proc = subprocess.run([sys.executable, "-m", "tasks.cli", "submit", str(play), "--input",
                            input, "--org", f"org-{uuid.uuid4().hex[:6]}"], env=env,
                           cwd=str(ROOT), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().splitlines()[-1]
+    if broker_up:
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip().splitlines()[-1]
+    # Broker down: one coded line naming the committed run, which the sweep sends later.
+    assert proc.returncode == 2 and proc.stderr.startswith("error BROKER_UNAVAILABLE: "), \
+        proc.stderr
+    found = re.search(r"run ([0-9a-f]{32}) is committed", proc.stderr)
+    assert found, proc.stderr
+    return found.group(1)
 
 
 def test_redis_restart_mid_run_and_while_submitting(pg_url: str,
@@ -95,7 +103,8 @@ def test_redis_restart_mid_run_and_while_submitting(pg_url: str,
         eventually(lambda: "sandbox.live" in kinds(in_flight), what="the run to start")
         private_redis.kill()  # every queued and unacked message is gone with it
         # Submitted while the broker is down: the commit stands, the publish fails.
-        while_down = submit(env, ROOT / "examples" / "plays" / "noop.py", "{}")
+        while_down = submit(env, ROOT / "examples" / "plays" / "noop.py", "{}",
+                            broker_up=False)
         private_redis.start()
         for run_id in (in_flight, while_down):
             eventually(lambda rid=run_id: tasks.get_run(rid).status == "succeeded",

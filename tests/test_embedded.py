@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import pytest
 
 from tasks.embedded import Stack
 from tests.conftest import PLAYS, ROOT
+from tests.helpers import pids_with_env
 
 pytestmark = pytest.mark.slow
 
@@ -25,18 +27,38 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def test_playrun_demo_runs_the_sample_play_and_stops_everything(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "tasks.cli", "demo"], cwd=str(tmp_path),
-                          env=clean_env(HOME=str(tmp_path), COLUMNS="200"),
+                          env=clean_env(HOME=str(tmp_path), COLUMNS="80"),
                           capture_output=True, text=True, timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
+    # Piped: one whole line per event, its time in UTC with a zone, no status-line residue.
+    ledger = [line for line in proc.stdout.splitlines() if line.startswith("  ")]
+    kinds = []
+    for line in ledger:
+        match = re.fullmatch(r"  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ([a-z_.]+)( .*)?", line)
+        assert match, line
+        kinds.append(match.group(1))
     for kind in ("run.admitted", "attempt.started", "sandbox.live", "run.progress",
                  "run.succeeded", "sandbox.deleted"):
-        assert kind in out
+        assert kind in kinds
+    admitted = ledger[kinds.index("run.admitted")]
+    assert len(admitted) > 80 and re.search(r'play_digest="[0-9a-f]{64}"', admitted)
+    assert "\x1b[" not in out and "\r" not in out
     assert "Hello, Ada!" in out
-    # Everything it started is gone: no celery or valkey child left behind.
-    left = subprocess.run(["pgrep", "-f", f"playrun-demo-.*|{tmp_path}"], capture_output=True,
-                          text=True).stdout.split()
-    assert [p for p in left if int(p) != os.getpid()] == []
+    # Everything it started is gone: no celery (pool children included) or valkey left.
+    assert pids_with_env("HOME", str(tmp_path)) == []
+
+
+def test_the_leftover_check_sees_what_a_child_inherits(tmp_path: Path) -> None:
+    """The check above is by environment, which a worker's pool children inherit."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env=clean_env(HOME=str(tmp_path)))
+    try:
+        assert pids_with_env("HOME", str(tmp_path)) == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert pids_with_env("HOME", str(tmp_path)) == []
 
 
 @pytest.fixture(scope="module")

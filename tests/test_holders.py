@@ -6,16 +6,19 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import sqlalchemy as sa
 
 import tasks
+from models import Attempt
 from tasks.acquisition import deferral
 from tasks.acquisition.claim import Claimed
+from tasks.db import session_scope
 from tasks.execution.launch import mark_launching
 from tasks.fence import Fence
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.release.attempt import release_attempt
 from tasks.settings import get_settings
-from tests.helpers import eventually
+from tests.helpers import eventually, kinds
 from tests.support import StubApp, claim_now, lease, must_claim, new_run, reserve
 
 
@@ -65,11 +68,24 @@ def test_the_reaper_leaves_a_just_ended_attempt_to_its_own_release_task(
     assert lease(lease_a)[0] == "released"
 
 
+def _launch_record(f: Fence) -> tuple[str | None, object]:
+    with session_scope() as session:
+        row = session.execute(sa.select(Attempt.launch_id, Attempt.runner_started_at).where(
+            Attempt.run_id == f.run_id, Attempt.generation == f.generation)).one()
+        return row[0], row[1]
+
+
 def test_a_cancel_before_launch_wins_and_nothing_starts(pg_url: str) -> None:
     f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)  # the attempt is active, so only the request is recorded
     assert tasks.get_run(f.run_id).status == "running"
     assert mark_launching(f, get_settings()) is None  # cancelled: no launch recorded
+    assert _launch_record(f) == (None, None)  # no launch id, no runner start time
+    assert not {"sandbox.requested", "sandbox.live"} & set(kinds(f.run_id))
+    # Without the cancel the same call records a launch: the check above can fail.
+    g = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
+    launch_id = mark_launching(g, get_settings())
+    assert launch_id is not None and _launch_record(g)[0] == launch_id
 
 
 def test_a_cancel_during_acquisition_wins_over_a_deferral(pg_url: str) -> None:

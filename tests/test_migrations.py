@@ -17,14 +17,14 @@ from alembic.script import ScriptDirectory
 from models import Base
 from tasks import db
 from tasks.errors import SchemaNotCurrentError
-from tests.conftest import PG_BASE, _psql
+from tests.conftest import _psql, pg_database
 
 
 @pytest.fixture
 def empty_pg() -> Iterator[str]:
     name = f"playrun_mig_{secrets.token_hex(4)}"
     _psql(f'CREATE DATABASE "{name}"')
-    yield f"{PG_BASE}/{name}"
+    yield pg_database(name)
     db.dispose_engines()
     _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

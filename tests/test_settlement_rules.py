@@ -3,9 +3,11 @@ out releases nothing (the reaper settles from the sandbox); JSONB-hostile JSON i
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 import tasks
@@ -27,16 +29,30 @@ def test_a_cancel_recorded_before_the_terminal_wins(pg_url: str) -> None:
     assert (view.status, view.code, view.output) == ("cancelled", "CANCELLED", None)
 
 
-def test_a_holder_whose_lease_ran_out_releases_nothing(pg_url: str) -> None:
+def _set_lease(run_id: str, seconds_from_now: float) -> None:
+    with session_scope() as s:
+        s.execute(sa.update(Attempt).where(Attempt.run_id == run_id)
+                  .values(lease_expires_at=db_now(seconds_from_now)))
+
+
+def test_a_holder_whose_lease_ran_out_releases_nothing(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
     f = must_claim(new_run(org), "A")
     lease_id = reserve(f, org)
-    with session_scope() as s:  # the lease runs out (a long stall), nobody adopted yet
-        s.execute(sa.update(Attempt).where(Attempt.run_id == f.run_id)
-                  .values(lease_expires_at=db_now(-1)))
-    finish(f, Outcome(SUCCEEDED, output={}), "ended")
+    _set_lease(f.run_id, -1)  # the lease runs out (a long stall), nobody adopted yet
+    with caplog.at_level(logging.WARNING, logger="playrun.finish"):
+        assert finish(f, Outcome(SUCCEEDED, output={}), "ended") is None
+    assert f"run {f.run_id} not settled yet" in caplog.text  # it tried, and left it
     assert tasks.get_run(f.run_id).status == "running"
     assert lease(lease_id)[0] == "reserved"  # kept for the reaper, which owns it next
+    # The same call with the lease intact settles and releases: the refusal above was
+    # the expired lease, not a finish() that does nothing.
+    _set_lease(f.run_id, 30)
+    settled = finish(f, Outcome(SUCCEEDED, output={"n": 1}), "ended")
+    assert settled is not None and settled.won
+    assert (tasks.get_run(f.run_id).status, lease(lease_id)[0]) == ("succeeded", "released")
 
 
 def test_nan_and_infinity_are_not_json() -> None:

@@ -26,7 +26,8 @@ def _publish(app: Any, rows: Sequence[Outbox]) -> int:
     published = 0
     for row in rows:
         try:
-            app.send_task(row.task_name, args=list(row.args), task_id=row.id, queue=QUEUE)
+            app.send_task(row.task_name, args=list(row.args), task_id=row.id, queue=QUEUE,
+                          ignore_result=True)
         except Exception as exc:  # noqa: BLE001 - any broker error: the sweep tries again
             log.warning("outbox %s not published: %s", row.id, exc)
             break
@@ -43,7 +44,9 @@ def publish_admitted(app: Any, outbox_id: str, task_name: str, args: list[Any]) 
     which the claim ignores. A broker error leaves the row to the sweep.
     """
     try:
-        app.send_task(task_name, args=args, task_id=outbox_id, queue=QUEUE)
+        # No result subscription: outcomes live in SQL, and subscribing to a Redis that
+        # is down retries for about 20 s before the publish is even tried.
+        app.send_task(task_name, args=args, task_id=outbox_id, queue=QUEUE, ignore_result=True)
     except Exception as exc:  # noqa: BLE001 - any broker error: the sweep tries again
         log.warning("outbox %s left to the sweep: %s", outbox_id, exc)
         return False

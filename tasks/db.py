@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -78,8 +78,20 @@ def session_scope(url: str | None = None, *, readonly: bool = False) -> Iterator
     if readonly:
         engine = engine.execution_options(playrun_readonly=True)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
-    with factory() as session, session.begin():
-        yield session
+    with factory() as session:
+        with session.begin():
+            yield session
+        for hook in session.info.pop(_AFTER_COMMIT, ()):
+            hook()
+
+
+_AFTER_COMMIT = "playrun_after_commit"
+
+
+def after_commit(session: Session, hook: Callable[[], None]) -> None:
+    """Run `hook` once this session_scope's transaction has committed (never on rollback):
+    a fact such as a terminal is counted only once it is durable."""
+    session.info.setdefault(_AFTER_COMMIT, []).append(hook)
 
 
 def is_postgres(session: Session) -> bool:

@@ -97,6 +97,17 @@ class Settings(BaseSettings):
     # A worker that receives none of its own pings for this long exits (0 disables).
     worker_watchdog_s: float = Field(default=60.0, ge=0)
 
+    # Prometheus endpoints, one per process kind (README "Metrics"); port 0 picks a free
+    # port and the process writes its URL to <metrics_dir>/<kind>-<pid>.url.
+    metrics_enabled: bool = True
+    metrics_worker_addr: str = "127.0.0.1:9464"
+    metrics_beat_addr: str = "127.0.0.1:9465"
+    metrics_gateway_addr: str = "127.0.0.1:9466"
+    # Worker children write multiprocess files under <metrics_dir>/worker-<pid>/.
+    metrics_dir: Path = _HOME / "metrics"
+    # Capacity gauges label this many orgs (most leases held) by name, the rest "other".
+    metrics_top_orgs: int = Field(default=20, ge=0, le=1000)
+
     # Maintenance cadence for `celery beat`.
     sweep_interval_s: float = Field(default=5.0, gt=0)
     reap_interval_s: float = Field(default=5.0, gt=0)

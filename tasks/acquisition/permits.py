@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tasks import metrics
 from tasks.acquisition.policy import THROTTLE, Policy
 from tasks.acquisition.startrate import Permit, StartRateLimiter, rules_for
 from tasks.notify import redis_client
@@ -43,6 +44,7 @@ def _override(policy: Policy) -> float | None:
 def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision:
     permit: Permit = limiter().acquire(provider, rules_for(settings, provider, _override(policy)),
                                        observed_successes=1)
+    metrics.permit(provider, permit.granted)
     if permit.granted:
         wait = permit.scheduled_at_ms - permit.server_now_ms
         if wait > 0:
@@ -52,5 +54,8 @@ def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision
 
 
 def penalize(provider: str, policy: Policy, epoch: int, settings: Settings) -> bool:
-    return limiter().penalize(provider, rules_for(settings, provider, _override(policy)),
-                              epoch, settings.start_rate_cooldown_ms)
+    applied = limiter().penalize(provider, rules_for(settings, provider, _override(policy)),
+                                 epoch, settings.start_rate_cooldown_ms)
+    if applied:  # other workers reporting the same epoch's pushback change nothing
+        metrics.penalty(provider)
+    return applied

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -72,10 +71,3 @@ def summed(*scrapes: dict[tuple[str, tuple[tuple[str, str], ...]], float],
             if key[0].startswith(prefix) and not key[0].endswith(("_bucket", "_created")):
                 out[key] = out.get(key, 0.0) + v
     return {k: v for k, v in out.items() if v}
-
-
-def env_without(env: dict[str, str], *names: str) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in names}
-
-
-__all__ = ["Proc", "beat", "endpoint", "env_without", "flower", "os", "scrape", "summed"]

@@ -78,9 +78,11 @@ def stack(pg_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
         beat_proc.stop()
         worker.stop()
         gateway.stop()
-        # Shown by pytest only when the test failed.
-        print("--- worker\n", "\n".join(line for line in worker.output().splitlines() if "sweep_outbox" not in line and "playrun.reap" not in line)[-6000:], "\n--- beat\n", beat_proc.output()[-2000:],
-              "\n--- gateway\n", gateway.output()[-2000:])
+        # Shown by pytest only when the test failed (the periodic maintenance left out).
+        quiet = [line for line in worker.output().splitlines()
+                 if "sweep_outbox" not in line and "playrun.reap" not in line]
+        print("--- worker\n", "\n".join(quiet)[-6000:], "\n--- beat\n",
+              beat_proc.output()[-2000:], "\n--- gateway\n", gateway.output()[-2000:])
         script.reset()
         close_open_runs(ORGS)
 

@@ -19,22 +19,12 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server, values
 
 from tasks import metrics
-from tasks.errors import ConfigurationError
-from tasks.settings import Settings
+from tasks.settings import Settings, parse_addr
 
 log = logging.getLogger("playrun.metrics")
 
 Kind = Literal["worker", "beat", "gateway"]
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-
-
-def parse_addr(value: str) -> tuple[str, int]:
-    """`host:port` (`[::1]:9464` for IPv6); port 0 picks a free one."""
-    host, sep, port = value.strip().rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigurationError(f"metrics address {value[:100]!r} is not host:port")
-    return host, int(port)
 
 
 def address(settings: Settings, kind: Kind) -> str:

@@ -124,6 +124,8 @@ class Settings(BaseSettings):
             raise ConfigurationError(
                 "PLAYRUN_VISIBILITY_TIMEOUT_S must exceed twice PLAYRUN_MAX_COUNTDOWN_S",
             )
+        for addr in (self.metrics_worker_addr, self.metrics_beat_addr, self.metrics_gateway_addr):
+            parse_addr(addr)
         return self
 
     def check_for_server(self) -> Settings:
@@ -135,6 +137,15 @@ class Settings(BaseSettings):
                 "before running against PostgreSQL",
             )
         return self
+
+
+def parse_addr(value: str) -> tuple[str, int]:
+    """A listen address `host:port` (`[::1]:9464` for IPv6); port 0 picks a free one."""
+    host, sep, port = value.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigurationError(f"metrics address {value[:100]!r} is not host:port")
+    return host, int(port)
 
 
 @lru_cache(maxsize=1)

@@ -24,8 +24,7 @@ from tasks.db import after_commit, session_scope
 from tasks.errors import ConfigurationError
 from tasks.gateway import observe
 from tasks.maintenance.state_metrics import StateCollector
-from tasks.metrics_serve import parse_addr
-from tasks.settings import get_settings
+from tasks.settings import Settings, get_settings, parse_addr
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
 from tasks.taskrepr import shown
@@ -159,5 +158,5 @@ def test_metrics_addresses(text: str, parsed: tuple[str, int]) -> None:
 @pytest.mark.parametrize("text", ["9464", "localhost", ":9464", "host:port", "h:70000", ""])
 def test_bad_metrics_addresses_are_a_coded_error(text: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
-        parse_addr(text)
+        Settings(metrics_gateway_addr=text).check()  # every process refuses it at start
     assert caught.value.code == "CONFIG_INVALID"

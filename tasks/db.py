@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tasks.errors import SchemaNotCurrentError
 from tasks.settings import get_settings
 
+log = logging.getLogger("playrun.db")
 _engines: dict[tuple[int, str], sa.Engine] = {}
 
 
@@ -82,7 +84,10 @@ def session_scope(url: str | None = None, *, readonly: bool = False) -> Iterator
         with session.begin():
             yield session
         for hook in session.info.pop(_AFTER_COMMIT, ()):
-            hook()
+            try:
+                hook()
+            except Exception:  # committed already: a failing hook must never undo that
+                log.exception("after-commit hook %r failed", hook)
 
 
 _AFTER_COMMIT = "playrun_after_commit"

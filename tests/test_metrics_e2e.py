@@ -9,6 +9,7 @@ values of that mix.
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,3 +180,26 @@ def test_beat_serves_start_rate_and_capacity_state(stack: dict[str, str]) -> Non
                     (("org", holder), ("state", "reserved")))] == 1.0
     worker_samples = scrape(stack["url_worker"])
     assert not any(k[0].startswith("playrun_capacity") for k in worker_samples)  # beat's only
+
+
+def test_a_worker_empties_its_directory_at_start_and_removes_it_at_stop(
+        pg_url: str, tmp_path: Path) -> None:
+    root = tmp_path / "metrics"
+    dead = subprocess.Popen(["true"])  # a pid that has exited
+    dead.wait()
+    stale_dir = root / f"worker-{dead.pid}"
+    stale_dir.mkdir(parents=True)
+    (stale_dir / "counter_1.db").write_bytes(b"old")
+    (root / f"gateway-{dead.pid}.url").write_text("http://127.0.0.1:1/metrics")
+    env = worker_env(PLAYRUN_METRICS_DIR=str(root))
+    worker = Worker(env, beat=False)
+    try:
+        worker.wait_ready()
+        url = endpoint(env, "worker", worker.proc)
+        assert not stale_dir.exists() and not (root / f"gateway-{dead.pid}.url").exists()
+        own = root / f"worker-{worker.proc.pid}"
+        assert own.is_dir()
+        assert scrape(url) is not None  # serves (nothing counted yet)
+    finally:
+        worker.stop()
+    assert not own.exists() and not (root / f"worker-{worker.proc.pid}.url").exists()

@@ -105,7 +105,7 @@ def test_after_commit_hooks_run_only_once_committed(pg_url: str) -> None:
         raise RuntimeError("the transaction fails")
     assert ran == ["committed"]
     with session_scope() as s:  # a hook that fails is logged; the commit stands, others run
-        after_commit(s, lambda: 1 / 0)  # type: ignore[func-returns-value, arg-type]
+        after_commit(s, lambda: print(1 / 0))
         after_commit(s, lambda: ran.append("after a failing one"))
     assert ran == ["committed", "after a failing one"]
 

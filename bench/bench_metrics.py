@@ -70,6 +70,21 @@ def submit_rates(n: int) -> dict[bool, float]:
     return {on: done[on] / spent[on] for on in (True, False)}
 
 
+def call_cost(n: int = 200_000) -> dict[bool, float]:
+    """Seconds per hot-path call (a labelled counter), metrics on and off: the floor under
+    the noisy end-to-end figures."""
+    from tasks import metrics
+
+    out = {}
+    for on in (True, False):
+        switch(on)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            metrics.permit("bench", True)
+        out[on] = (time.perf_counter() - t0) / n
+    return out
+
+
 def _scrape_forever(urls: list[str], stop: threading.Event) -> None:
     while not stop.wait(1.0):
         for url in urls:
@@ -137,6 +152,7 @@ def main() -> None:
         load.append(os.getloadavg()[0])
         rates = submit_rates(args.n)  # last: no worker consumes what it enqueues
         load.append(os.getloadavg()[0])
+        per_call = call_cost()
     shutil.rmtree(log_dir, ignore_errors=True)
     on50, off50 = pct(latency[True], 50), pct(latency[False], 50)
     print(f"{'':36} {'metrics on':>12} {'metrics off':>12} {'on / off':>9}")
@@ -144,6 +160,8 @@ def main() -> None:
           f"{rates[True] / rates[False]:9.3f}")
     print(f"{'no-op play submit -> terminal, p50':36} {on50 * 1000:9.1f} ms {off50 * 1000:9.1f} ms "
           f"{on50 / off50:9.3f}")
+    print(f"{'one counter call (permit)':36} {per_call[True] * 1e6:9.2f} us "
+          f"{per_call[False] * 1e6:9.2f} us")
     print(f"goal >= 0.95: submit throughput on/off {rates[True] / rates[False]:.3f}; "
           f"end-to-end speed on/off (off p50 / on p50) {off50 / on50:.3f}")
     print(f"n = {args.n} submits, {args.runs} runs; load average (1 min) seen: "

@@ -4,10 +4,10 @@ p50, with metrics on and off side by side in one run.
     python bench/bench_metrics.py [-n 600] [--runs 40]
 
 Submit: `tasks.submit_run` in this process, blocks of runs alternating on/off (ABBA...),
-so a drift in the shared machine's load hits both sides alike. End to end: a real gateway
-and worker (local sandbox) per block, restarted with PLAYRUN_METRICS_ENABLED flipped, in
-the order on, off, off, on; while metrics are on, a scraper reads the worker's and the
-gateway's endpoints every second (Prometheus usually scrapes every 15 s). Prints the
+so a drift in the shared machine's load hits both sides alike. End to end: two real
+stacks (gateway + worker, local sandbox) at once, one with PLAYRUN_METRICS_ENABLED=false,
+runs alternating between them one at a time (ABBA); a scraper reads the metrics stack's
+worker and gateway endpoints every second (Prometheus usually scrapes every 15 s). Prints the
 ratios on/off (goal >= 0.95 for throughput and for speed, off p50 / on p50) and the load
 average seen.
 """
@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -39,13 +40,32 @@ from bench.common import (  # noqa: E402
 
 PLAY = ROOT / "examples" / "plays" / "noop.py"
 ORDER = (True, False, False, True)
+REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
+MARK = "playrun:bench-metrics"
 
 
-def switch(on: bool) -> None:
-    """Flip metrics in this process (the app side of submit_run)."""
+def claim_free_db(taken: str) -> str:
+    """The metrics-off stack's broker: an empty Redis db nobody is connected to (other
+    benches and test sessions own theirs), marked as ours until the end."""
+    import redis
+
+    admin = redis.Redis.from_url(f"{REDIS_BASE}/0")
+    busy = {int(c.get("db", 0)) for c in admin.client_list()}
+    for db in range(15, 0, -1):
+        if f"{REDIS_BASE}/{db}" == taken:
+            continue
+        client = redis.Redis.from_url(f"{REDIS_BASE}/{db}")
+        if db not in busy and client.dbsize() == 0 and client.set(MARK, os.getpid(), nx=True):
+            return f"{REDIS_BASE}/{db}"
+    raise RuntimeError("no empty, unused Redis db for the second stack")
+
+
+def switch(on: bool, env: dict[str, str] | None = None) -> None:
+    """Flip metrics in this process (the app side of submit_run), and point it at a stack."""
     from tasks import metrics
     from tasks.settings import reset_settings
 
+    os.environ.update(env or {})
     os.environ["PLAYRUN_METRICS_ENABLED"] = "true" if on else "false"
     reset_settings()
     metrics.reset()
@@ -85,6 +105,16 @@ def call_cost(n: int = 200_000) -> dict[bool, float]:
     return out
 
 
+def _app_on(broker: str) -> Any:
+    """playrun's Celery settings on another broker (this process's app is bound to one)."""
+    from celery import Celery
+
+    app = Celery("playrun")
+    app.config_from_object("celeryconfig")
+    app.conf.broker_url = app.conf.result_backend = broker
+    return app
+
+
 def _scrape_forever(urls: list[str], stop: threading.Event) -> None:
     while not stop.wait(1.0):
         for url in urls:
@@ -102,34 +132,64 @@ def _url(env: dict[str, str], kind: str, pid: int) -> str:
     return path.read_text().strip()
 
 
-def end_to_end(runs: int, env: dict[str, str], log_dir: Path) -> dict[bool, list[float]]:
-    import tasks
+def end_to_end(runs: int, env: dict[str, str], log_dir: Path, off_redis: str
+               ) -> dict[bool, list[float]]:
+    """Two stacks side by side on one database, each with its own Redis db, gateway and
+    worker: metrics on in one, off in the other; runs alternate between them (ABBA), so
+    the shared machine's load hits both alike."""
+    import redis
 
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for k, on in enumerate(ORDER):
-        switch(on)
-        child_env = {**os.environ, **env, "PLAYRUN_METRICS_ENABLED": "true" if on else "false"}
-        children = [start_gateway(child_env, log_dir, f"gateway{k}"),
-                    start_worker(child_env, log_dir, f"metrics{k}")]
-        stop = threading.Event()
-        try:
+    import tasks
+    from tasks.admission.relay import publish_admitted
+    from tasks.admission.submit import admit
+    from tasks.constants import TASK_START_ATTEMPT
+
+    stacks: dict[bool, dict[str, str]] = {}
+    children = []
+    stop = threading.Event()
+    try:
+        for on in (True, False):
+            own = {**env, "PLAYRUN_METRICS_ENABLED": "true" if on else "false",
+                   "PLAYRUN_REDIS_URL": env["PLAYRUN_REDIS_URL"] if on else off_redis,
+                   **gateway_env(log_dir / ("on" if on else "off"))}
+            stacks[on] = own
+            name = "on" if on else "off"
+            child_env = {**os.environ, **own}
+            gateway = start_gateway(child_env, log_dir, f"gateway-{name}")
+            worker = start_worker(child_env, log_dir, f"worker-{name}")
+            children += [gateway, worker]
             if on:
-                urls = [_url(env, kind, c.pid) for kind, c in zip(("gateway", "worker"),
-                                                                   children, strict=True)]
+                urls = [_url(own, "gateway", gateway.pid), _url(own, "worker", worker.pid)]
                 threading.Thread(target=_scrape_forever, args=(urls, stop), daemon=True).start()
-            for _ in range(3):  # warm: imports, pools, the first sandbox
-                assert tasks.submit_run(PLAY, input={}, org_id="warm").wait(timeout=60).status \
-                    == "succeeded"
-            for i in range(runs // len(ORDER)):
-                t0 = time.perf_counter()
-                result = tasks.submit_run(PLAY, input={"i": i}, org_id="bench").wait(timeout=60)
-                times[on].append(time.perf_counter() - t0)
-                assert result.status == "succeeded", result
-        finally:
-            stop.set()
-            for child in reversed(children):
-                child.stop()
-    return times
+
+        apps = {True: tasks.app, False: _app_on(off_redis)}
+
+        def one(on: bool, i: int) -> float:
+            """submit_run's two steps, published to the chosen stack's broker."""
+            switch(on, stacks[on])  # wait() listens on that stack's Redis
+            t0 = time.perf_counter()
+            admitted = admit(PLAY, {"i": i}, "bench", None)
+            assert admitted.outbox_id is not None
+            publish_admitted(apps[on], admitted.outbox_id, TASK_START_ATTEMPT,
+                             [admitted.run_id])
+            result = tasks.RunHandle(admitted.run_id).wait(timeout=60)
+            assert result.status == "succeeded", result
+            return time.perf_counter() - t0
+
+        for on in (True, False):  # warm: imports, pools, the first sandbox
+            for i in range(3):
+                one(on, i)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(runs):
+            on = ORDER[i % len(ORDER)]
+            times[on].append(one(on, i))
+        return times
+    finally:
+        stop.set()
+        for child in reversed(children):
+            child.stop()
+        redis.Redis.from_url(off_redis).flushdb()  # empty and marked ours when claimed
+        os.environ["PLAYRUN_REDIS_URL"] = env["PLAYRUN_REDIS_URL"]  # bench_env cleans that one
 
 
 def main() -> None:
@@ -148,7 +208,7 @@ def main() -> None:
             env[f"PLAYRUN_METRICS_{kind}_ADDR"] = "127.0.0.1:0"
         env.update(gateway_env(log_dir))
         os.environ.update(env)
-        latency = end_to_end(args.runs, env, log_dir)
+        latency = end_to_end(args.runs, env, log_dir, claim_free_db(env["PLAYRUN_REDIS_URL"]))
         load.append(os.getloadavg()[0])
         rates = submit_rates(args.n)  # last: no worker consumes what it enqueues
         load.append(os.getloadavg()[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -126,6 +127,12 @@ class Settings(BaseSettings):
             )
         for addr in (self.metrics_worker_addr, self.metrics_beat_addr, self.metrics_gateway_addr):
             parse_addr(addr)
+        port = parse_addr(self.metrics_gateway_addr)[1]
+        if port and port == (urlsplit(self.gateway_url).port or 8765):
+            raise ConfigurationError(
+                "PLAYRUN_METRICS_GATEWAY_ADDR must not be the gateway's runtime port "
+                "(PLAYRUN_GATEWAY_URL): sandboxes reach that one",
+            )
         return self
 
     def check_for_server(self) -> Settings:

@@ -164,3 +164,10 @@ def test_bad_metrics_addresses_are_a_coded_error(text: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
         Settings(metrics_gateway_addr=text).check()  # every process refuses it at start
     assert caught.value.code == "CONFIG_INVALID"
+
+
+def test_the_gateway_metrics_never_share_the_runtime_port() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings(gateway_url="http://127.0.0.1:8765",
+                 metrics_gateway_addr="127.0.0.1:8765").check()
+    assert "runtime port" in caught.value.message

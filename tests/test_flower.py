@@ -27,14 +27,24 @@ AUTH = ("operator", "pw-" + uuid.uuid4().hex[:12])
 
 
 @pytest.fixture(scope="module")
-def flower_url(pg_url: str) -> Iterator[str]:
+def flower_worker(pg_url: str) -> Iterator[Worker]:
     env = worker_env(FLOWER_BASIC_AUTH=f"{AUTH[0]}:{AUTH[1]}")
     worker = Worker(env, beat=True)
+    worker.flower_env = env  # type: ignore[attr-defined]
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(scope="module")
+def flower_url(flower_worker: Worker) -> Iterator[str]:
+    env = flower_worker.flower_env  # type: ignore[attr-defined]
     port = free_port()
     proc: Proc = flower(env, port)
     url = f"http://127.0.0.1:{port}"
     try:
-        worker.wait_ready()
         # Flower sees what workers report from the moment it is connected: wait until it
         # has seen beat's periodic tasks go through the worker.
         eventually(lambda: any(t["name"] == "playrun.reap" for t in _tasks(url).values()),
@@ -42,7 +52,6 @@ def flower_url(pg_url: str) -> Iterator[str]:
         yield url
     finally:
         proc.stop()
-        worker.stop()
         print("--- flower\n", proc.output()[-3000:])  # shown by pytest only on failure
 
 
@@ -86,3 +95,25 @@ def test_flower_refuses_requests_without_the_basic_auth(flower_url: str) -> None
     wrong = httpx.get(f"{flower_url}/api/tasks", auth=(AUTH[0], "nope"), timeout=10)
     assert wrong.status_code == 401
     assert httpx.get(f"{flower_url}/api/tasks", auth=AUTH, timeout=10).status_code == 200
+
+
+def test_workers_answer_inspect_commands_without_the_token(flower_worker: Worker) -> None:
+    """Flower's worker pages ask workers what they hold (`scheduled`, `query_task`, ...):
+    a release waiting on a countdown is shown by run id, never with its holder token."""
+    token = "holder-" + uuid.uuid4().hex
+    run_id = uuid.uuid4().hex
+    sent = tasks.app.send_task(TASK_RELEASE_ATTEMPT, args=[run_id, 1, token], queue="playrun",
+                               countdown=60)
+    inspect = tasks.app.control.inspect([flower_worker.name], timeout=2)
+    try:
+        def waiting() -> list[dict[str, Any]]:
+            return [e for e in (inspect.scheduled() or {}).get(flower_worker.name, [])
+                    if e["request"]["id"] == sent.id]
+
+        entry = eventually(waiting, timeout=30, every=0.5, what="the release to be scheduled")
+        assert entry[0]["request"]["args"] == f"run_id={run_id}, generation=1"
+        queried = inspect.query_task([sent.id]) or {}
+        assert run_id in str(queried) and token not in str(queried)
+        assert token not in str(entry)
+    finally:
+        tasks.app.control.revoke(sent.id)

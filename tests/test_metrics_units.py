@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from models import CapacityLease
 from tasks import metrics
+from tasks.acquisition import capacity
 from tasks.constants import (
     LEASE_HELD,
     SUCCEEDED,
@@ -64,13 +65,14 @@ def test_the_capacity_gauge_from_the_database_is_bounded(pg_url: str) -> None:
         for org, n in sizes.items():
             for _ in range(n):
                 reserve(must_claim(new_run(org)), org)
+        biggest = sorted(sizes, key=lambda o: -sizes[o])[:2]
+        capacity.set_limit(biggest[0], 7)
         settings = get_settings().model_copy(update={"metrics_top_orgs": 2})
         families = {f.name: f for f in StateCollector(settings).collect()}
         up = {s.labels["source"]: s.value for s in families["playrun_state_source_up"].samples}
         assert up["database"] == 1.0
         samples = families["playrun_capacity_leases"].samples
         named = {s.labels["org"] for s in samples}
-        biggest = sorted(sizes, key=lambda o: -sizes[o])[:2]
         assert named == {*biggest, metrics.OTHER_ORGS}
         reserved = {s.labels["org"]: s.value for s in samples if s.labels["state"] == "reserved"}
         assert [reserved[o] for o in biggest] == [4.0, 3.0]
@@ -78,6 +80,8 @@ def test_the_capacity_gauge_from_the_database_is_bounded(pg_url: str) -> None:
             total = s.scalar(sa.select(sa.func.count()).where(
                 CapacityLease.state.in_(LEASE_HELD)))
         assert sum(x.value for x in samples) == total  # nothing lost in "other"
+        limits = {s.labels["org"]: s.value for s in families["playrun_capacity_limit"].samples}
+        assert limits == {biggest[0]: 7.0, biggest[1]: float(settings.org_capacity)}
     finally:
         close_open_runs(ORGS)
 

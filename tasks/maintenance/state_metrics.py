@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis import RedisError
 
-from models import CapacityLease
+from models import CapacityLease, CapacityOrg
 from tasks import metrics
 from tasks.acquisition import permits
 from tasks.acquisition import policy as traffic
@@ -37,12 +37,15 @@ class StateCollector(Collector):
                                "1 if the last scrape could read this source.",
                                labels=["source"])
         held: dict[str, dict[str, int]] | None = None
+        limits: dict[str, int] = {}
         override: float | None = None
         try:
             with session_scope(readonly=True) as session:
                 policy = traffic.current(session)
                 override = policy.starts_per_minute if policy.mode == traffic.THROTTLE else None
-                held = _held_by_org(session)
+                held = metrics.top_orgs(_held_by_org(session), self.settings.metrics_top_orgs)
+                limits = _limits(session, [o for o in held if o != metrics.OTHER_ORGS],
+                                 self.settings.org_capacity)
         except sa.exc.SQLAlchemyError as exc:
             log.warning("metrics: the database did not answer: %s", exc)
         up.add_metric(["database"], 0.0 if held is None else 1.0)
@@ -52,7 +55,13 @@ class StateCollector(Collector):
         if rates is not None:
             yield from rates
         if held is not None:
-            yield _capacity(metrics.top_orgs(held, self.settings.metrics_top_orgs))
+            yield _capacity(held)
+            limit = GaugeMetricFamily("playrun_capacity_limit",
+                                      "Concurrent sandboxes allowed, for the orgs named in "
+                                      "playrun_capacity_leases.", labels=["org"])
+            for org, n in limits.items():
+                limit.add_metric([org], float(n))
+            yield limit
 
     def _rates(self, override: float | None) -> list[Metric] | None:
         bucket = self.settings.sandbox_provider
@@ -88,6 +97,14 @@ def _held_by_org(session: sa.orm.Session) -> dict[str, dict[str, int]]:
     ):
         held.setdefault(org, {})[state] = int(n)
     return held
+
+
+def _limits(session: sa.orm.Session, orgs: list[str], default: int) -> dict[str, int]:
+    """Each org's limit: its override in SQL, else the default (one query for all)."""
+    rows = session.execute(sa.select(CapacityOrg.org_id, CapacityOrg.limit).where(
+        CapacityOrg.org_id.in_(orgs))).all() if orgs else []
+    overrides = {org: n for org, n in rows if n is not None}
+    return {org: overrides.get(org, default) for org in orgs}
 
 
 def _capacity(by_org: dict[str, dict[str, int]]) -> Metric:

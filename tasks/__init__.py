@@ -4,7 +4,10 @@
 get_run, cancel_run and run_events, and reads runtime sheets with sheet_rows.
 """
 
-from tasks import jobs  # noqa: F401  (registers the Celery tasks)
+from tasks import (
+    celery_metrics,  # noqa: F401  (metrics endpoints of workers and beat)
+    jobs,  # noqa: F401  (registers the Celery tasks)
+)
 from tasks.api import (
     AttemptView,
     RunHandle,

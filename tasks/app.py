@@ -9,6 +9,7 @@ from celery import Celery, bootsteps
 from celery.signals import celeryd_after_setup
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
+from tasks import taskrepr  # noqa: F401  (its publish hook redacts what Flower shows)
 from tasks.constants import QUEUE
 from tasks.db import require_current_schema
 from tasks.errors import PlayrunError

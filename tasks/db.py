@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from tasks.constants import SCHEMA_REVISION
 from tasks.errors import DatabaseUnavailableError, SchemaNotCurrentError
 from tasks.settings import get_settings
 
+log = logging.getLogger("playrun.db")
 _engines: dict[tuple[int, str], sa.Engine] = {}
 
 
@@ -83,10 +85,25 @@ def session_scope(url: str | None = None, *, readonly: bool = False,
     if readonly:
         engine = engine.execution_options(playrun_readonly=True)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
-    with factory() as session, session.begin():
-        if not durable and not readonly and engine.dialect.name == "postgresql":
-            session.execute(_ASYNC_COMMIT)
-        yield session
+    with factory() as session:
+        with session.begin():
+            if not durable and not readonly and engine.dialect.name == "postgresql":
+                session.execute(_ASYNC_COMMIT)
+            yield session
+        for hook in session.info.pop(_AFTER_COMMIT, ()):
+            try:
+                hook()
+            except Exception:  # committed already: a failing hook must never undo that
+                log.exception("after-commit hook %r failed", hook)
+
+
+_AFTER_COMMIT = "playrun_after_commit"
+
+
+def after_commit(session: Session, hook: Callable[[], None]) -> None:
+    """Run `hook` once this session_scope's transaction has committed (never on rollback):
+    a fact such as a terminal is counted only once it is durable."""
+    session.info.setdefault(_AFTER_COMMIT, []).append(hook)
 
 
 _ASYNC_COMMIT = sa.text("SET LOCAL synchronous_commit = off")

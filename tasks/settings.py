@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -100,6 +101,17 @@ class Settings(BaseSettings):
     # A worker that receives none of its own pings for this long exits (0 disables).
     worker_watchdog_s: float = Field(default=60.0, ge=0)
 
+    # Prometheus endpoints, one per process kind (README "Metrics"); port 0 picks a free
+    # port and the process writes its URL to <metrics_dir>/<kind>-<pid>.url.
+    metrics_enabled: bool = True
+    metrics_worker_addr: str = "127.0.0.1:9464"
+    metrics_beat_addr: str = "127.0.0.1:9465"
+    metrics_gateway_addr: str = "127.0.0.1:9466"
+    # Worker children write multiprocess files under <metrics_dir>/worker-<pid>/.
+    metrics_dir: Path = _HOME / "metrics"
+    # Capacity gauges label this many orgs (most leases held) by name, the rest "other".
+    metrics_top_orgs: int = Field(default=20, ge=0, le=1000)
+
     # Maintenance cadence for `celery beat`.
     sweep_interval_s: float = Field(default=5.0, gt=0)
     reap_interval_s: float = Field(default=5.0, gt=0)
@@ -125,6 +137,14 @@ class Settings(BaseSettings):
             raise ConfigurationError(
                 "PLAYRUN_VISIBILITY_TIMEOUT_S must exceed twice PLAYRUN_MAX_COUNTDOWN_S",
             )
+        for addr in (self.metrics_worker_addr, self.metrics_beat_addr, self.metrics_gateway_addr):
+            parse_addr(addr)
+        port = parse_addr(self.metrics_gateway_addr)[1]
+        if port and port == (urlsplit(self.gateway_url).port or 8765):
+            raise ConfigurationError(
+                "PLAYRUN_METRICS_GATEWAY_ADDR must not be the gateway's runtime port "
+                "(PLAYRUN_GATEWAY_URL): sandboxes reach that one",
+            )
         return self
 
     def check_for_server(self) -> Settings:
@@ -136,6 +156,15 @@ class Settings(BaseSettings):
                 "before running against PostgreSQL",
             )
         return self
+
+
+def parse_addr(value: str) -> tuple[str, int]:
+    """A listen address `host:port` (`[::1]:9464` for IPv6); port 0 picks a free one."""
+    host, sep, port = value.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigurationError(f"metrics address {value[:100]!r} is not host:port")
+    return host, int(port)
 
 
 @lru_cache(maxsize=1)

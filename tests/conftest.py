@@ -86,6 +86,7 @@ PG_NAME = f"playrun_test_{os.getpid()}_{secrets.token_hex(3)}"
 TEST_PG_URL = pg_database(PG_NAME)
 SANDBOX_ROOT = Path(tempfile.mkdtemp(prefix="playrun-test-sb-"))
 GATEWAY_DIR = Path(tempfile.mkdtemp(prefix="playrun-test-gw-"))
+METRICS_DIR = Path(tempfile.mkdtemp(prefix="playrun-test-metrics-"))
 
 
 def free_port() -> int:
@@ -111,6 +112,12 @@ BASE_ENV = {
     "PLAYRUN_REAP_INTERVAL_S": "1",
     # Tests kill release paths on purpose and wait for the reaper to take them over.
     "PLAYRUN_RELEASE_GRACE_S": "2",
+    # Metrics endpoints on free ports (URLs in METRICS_DIR): never the defaults other
+    # sessions or a real deployment on this machine listen on.
+    "PLAYRUN_METRICS_DIR": str(METRICS_DIR),
+    "PLAYRUN_METRICS_WORKER_ADDR": "127.0.0.1:0",
+    "PLAYRUN_METRICS_BEAT_ADDR": "127.0.0.1:0",
+    "PLAYRUN_METRICS_GATEWAY_ADDR": "127.0.0.1:0",
 }
 os.environ.update(BASE_ENV)
 
@@ -155,6 +162,7 @@ def _session_cleanup() -> Iterator[None]:
     client.close()
     shutil.rmtree(SANDBOX_ROOT, ignore_errors=True)
     shutil.rmtree(GATEWAY_DIR, ignore_errors=True)
+    shutil.rmtree(METRICS_DIR, ignore_errors=True)
 
 
 @pytest.fixture

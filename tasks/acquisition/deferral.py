@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Outbox, Run, db_now
-from tasks import ledger
+from tasks import ledger, metrics
 from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
 from tasks.admission.submit import enqueue_start
 from tasks.constants import (
@@ -76,6 +76,8 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
             else:
                 outbox_id = _park(session, run, attempt, fence, cause, delay, detail)
                 verdict = "deferred"
+    if verdict == "deferred":
+        metrics.deferred(cause)  # committed: counted once per scheduled wait
     release_attempt(fence.run_id, fence.generation, fence.lease_token)
     if verdict != "deferred":
         run_settled(fence.run_id, FAILED if verdict == "exhausted" else CANCELLED)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tasks import metrics
 from tasks.acquisition import starthistory
 from tasks.acquisition.policy import THROTTLE, Policy
 from tasks.acquisition.startrate import Permit, StartRateLimiter, rules_for
@@ -45,6 +46,7 @@ def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision
     permit: Permit = limiter().acquire(provider, rules_for(settings, provider, _override(policy)),
                                        observed_successes=1)
     starthistory.record_permit(provider, permit)  # one pipelined round trip (starthistory.py)
+    metrics.permit(provider, permit.granted)
     if permit.granted:
         wait = permit.scheduled_at_ms - permit.server_now_ms
         if wait > 0:
@@ -58,4 +60,6 @@ def penalize(provider: str, policy: Policy, epoch: int, settings: Settings) -> b
                                                             _override(policy)),
                                         epoch, settings.start_rate_cooldown_ms)
     starthistory.record_penalty(provider, penalty)
+    if penalty.applied:  # other workers reporting the same epoch's pushback change nothing
+        metrics.penalty(provider)
     return penalty.applied

@@ -14,7 +14,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import Outbox, PlayBundle, Run, db_now
-from tasks import ledger
+from tasks import ledger, metrics
 from tasks.admission.validate import (
     check_idempotency_key,
     check_input,
@@ -22,7 +22,7 @@ from tasks.admission.validate import (
     load_play,
 )
 from tasks.constants import EV_ADMITTED, QUEUED, TASK_START_ATTEMPT
-from tasks.db import is_postgres, session_scope
+from tasks.db import after_commit, is_postgres, session_scope
 
 log = logging.getLogger("playrun.admission")
 
@@ -83,6 +83,7 @@ def admit(play: str | Path, input: Any, org_id: str, idempotency_key: str | None
                           {"play_digest": bundle.digest, "idempotency_key": idempotency_key,
                            "play_path": bundle.path})
             outbox_id = enqueue_start(session, run.id)
+            after_commit(session, metrics.run_admitted)
             return Admitted(run.id, created=True, outbox_id=outbox_id)
     except sa.exc.IntegrityError:
         # A concurrent submit with the same key won the unique constraint: return its run.

@@ -15,8 +15,9 @@ import secrets
 from dataclasses import dataclass
 
 from models import db_now
+from tasks import metrics
 from tasks.constants import RUNNER_FILE
-from tasks.db import session_scope
+from tasks.db import after_commit, session_scope
 from tasks.fence import Fence, hold
 from tasks.gateway import tokens
 from tasks.sandbox import ProviderError, SandboxProvider
@@ -58,6 +59,8 @@ def mark_launching(fence: Fence, settings: Settings) -> str | None:
         attempt.runner_deadline = db_now(
             settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_timeout_s)
         attempt.lease_expires_at = db_now(settings.heartbeat_timeout_s + STARTUP_GRACE_S)
+        created_at = run.created_at
+        after_commit(session, lambda: metrics.run_started(created_at))
     return launch_id
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,7 @@ from tasks.errors import (
     SheetWriteIntentInvalidError,
     SheetWriteVersionMismatchError,
 )
-from tasks.gateway import tokens
+from tasks.gateway import observe, tokens
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
 from tasks.settings import Settings
@@ -130,6 +131,8 @@ def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], No
     withdrawn = frozenset(settings.gateway_withdrawn_actions)
 
     async def runtime(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        label, code = observe.UNKNOWN, observe.OK
         try:
             body = await read_body(request, settings.gateway_max_body_bytes)
             grant = tokens.verify(bearer(request), settings.secret_key)
@@ -138,20 +141,25 @@ def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], No
             except DocumentInvalidError as exc:
                 raise GatewayBadRequestError(f"the body is not usable: {exc.message}") from None
             planned = plan(doc, grant, withdrawn)
+            label = observe.request_label([a.name for a, _ in planned], "actions" in doc)
             results = []
             for action, model in planned:
                 results.append(await run_action(action, grant, model, ctx))
+                observe.effects(action.name, results[-1])
         except PlayrunError as exc:
+            code = exc.code
             return refusal(exc)
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             log.warning("database unavailable: %s", exc)
-            return JSONResponse({"code": "GATEWAY_UNAVAILABLE",
-                                 "error": "the database is unavailable; retry"},
+            code = "GATEWAY_UNAVAILABLE"
+            return JSONResponse({"code": code, "error": "the database is unavailable; retry"},
                                 status_code=503)
         except Exception:
             log.exception("gateway action failed")
-            return JSONResponse({"code": "GATEWAY_INTERNAL", "error": "internal error"},
-                                status_code=500)
+            code = "GATEWAY_INTERNAL"
+            return JSONResponse({"code": code, "error": "internal error"}, status_code=500)
+        finally:
+            observe.request(label, code, time.perf_counter() - started)
         if "actions" in doc:
             return JSONResponse({"ok": True, "results": results})
         return JSONResponse({"ok": True, "result": results[0]})

@@ -18,7 +18,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import uvicorn
+from prometheus_client import REGISTRY
 
+from tasks import metrics_serve
 from tasks.app import send
 from tasks.db import require_current_schema
 from tasks.gateway.app import create_app
@@ -81,4 +83,10 @@ async def _serve(settings: Settings) -> None:
 def serve(settings: Settings) -> None:
     settings.check_for_server()
     require_current_schema()
-    asyncio.run(_serve(settings))
+    if settings.metrics_enabled:
+        # Its own listener: sandboxes reach the runtime port and socket, never this one.
+        metrics_serve.serve("gateway", settings, REGISTRY)
+    try:
+        asyncio.run(_serve(settings))
+    finally:
+        metrics_serve.stop("gateway", settings)

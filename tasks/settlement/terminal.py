@@ -9,17 +9,18 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
-from tasks import ledger
+from tasks import ledger, metrics
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     ATTEMPT_ENDED,
     EV_PROGRESS_DROPPED,
     OUTPUT_INVALID,
+    RUNTIME_RUNNER_LOST,
     SUCCEEDED,
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
 )
-from tasks.db import session_scope
+from tasks.db import after_commit, session_scope
 from tasks.fence import Fence, LaunchFence, hold, hold_launch, lock_run
 from tasks.notify import run_settled
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
@@ -49,6 +50,10 @@ def write_terminal(session: Session, run: Run, outcome: Outcome, generation: int
     run.deferred_until = None
     ledger.append(session, run.id, TERMINAL_EVENT[outcome.status],
                   {"code": outcome.code, "error": outcome.error}, generation)
+    created_at = run.created_at
+    # Counted by the writer that won, once its transaction is durable.
+    after_commit(session, lambda: metrics.run_ended(
+        outcome.status, outcome.code, created_at, outcome.code == RUNTIME_RUNNER_LOST))
 
 
 # The database refused the values themselves: retrying the same write cannot help.

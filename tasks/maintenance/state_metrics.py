@@ -1,0 +1,117 @@
+"""State gauges read at scrape time by beat's endpoint (one beat per fleet: no duplicates).
+
+Each scrape reads the start-rate bucket of the configured provider (one read-only
+script call) and the held capacity leases grouped by org and state (one indexed query,
+bounded by the sum of org limits). A source that does not answer is reported by
+`playrun_state_source_up` = 0 instead of failing the scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis import RedisError
+
+from models import CapacityLease, CapacityOrg
+from tasks import metrics
+from tasks.acquisition import permits
+from tasks.acquisition import policy as traffic
+from tasks.acquisition.startrate import rules_for
+from tasks.constants import LEASE_HELD
+from tasks.db import session_scope
+from tasks.settings import Settings
+
+log = logging.getLogger("playrun.metrics")
+
+
+class StateCollector(Collector):
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("playrun_state_source_up",
+                               "1 if the last scrape could read this source.",
+                               labels=["source"])
+        held: dict[str, dict[str, int]] | None = None
+        limits: dict[str, int] = {}
+        override: float | None = None
+        try:
+            with session_scope(readonly=True) as session:
+                policy = traffic.current(session)
+                override = policy.starts_per_minute if policy.mode == traffic.THROTTLE else None
+                held = metrics.top_orgs(_held_by_org(session), self.settings.metrics_top_orgs)
+                limits = _limits(session, [o for o in held if o != metrics.OTHER_ORGS],
+                                 self.settings.org_capacity)
+        except sa.exc.SQLAlchemyError as exc:
+            log.warning("metrics: the database did not answer: %s", exc)
+        up.add_metric(["database"], 0.0 if held is None else 1.0)
+        rates = self._rates(override)
+        up.add_metric(["redis"], 0.0 if rates is None else 1.0)
+        yield up
+        if rates is not None:
+            yield from rates
+        if held is not None:
+            yield _capacity(held)
+            limit = GaugeMetricFamily("playrun_capacity_limit",
+                                      "Concurrent sandboxes allowed, for the orgs named in "
+                                      "playrun_capacity_leases.", labels=["org"])
+            for org, n in limits.items():
+                limit.add_metric([org], float(n))
+            yield limit
+
+    def _rates(self, override: float | None) -> list[Metric] | None:
+        bucket = self.settings.sandbox_provider
+        rate = GaugeMetricFamily("playrun_start_rate_per_second",
+                                 "Current start rate of each bucket rule (an operator "
+                                 "throttle replaces the adaptive rate).",
+                                 labels=["bucket", "rule"])
+        cooldown = GaugeMetricFamily("playrun_start_rate_cooldown_seconds",
+                                     "Seconds left of the rule's pushback cooldown.",
+                                     labels=["bucket", "rule"])
+        rules = rules_for(self.settings, bucket, override)
+        try:
+            states = permits.limiter().inspect(bucket, rules)
+        except RedisError as exc:  # inspect degrades by itself; this is the last resort
+            log.warning("metrics: the start-rate bucket did not answer: %s", exc)
+            return None
+        if any(s.degraded for s in states):
+            return None
+        for rule, state in zip(rules, states, strict=True):
+            per_min = state.rate if state.exists else (rule.fixed_per_min or rule.initial_per_min)
+            rate.add_metric([bucket, rule.name], per_min / 60.0)
+            left_us = max(state.cooldown_until_us - state.server_now_us, 0)
+            cooldown.add_metric([bucket, rule.name], left_us / 1e6)
+        return [rate, cooldown]
+
+
+def _held_by_org(session: sa.orm.Session) -> dict[str, dict[str, int]]:
+    held: dict[str, dict[str, int]] = {}
+    for org, state, n in session.execute(
+        sa.select(CapacityLease.org_id, CapacityLease.state, sa.func.count())
+        .where(CapacityLease.state.in_(LEASE_HELD))
+        .group_by(CapacityLease.org_id, CapacityLease.state)
+    ):
+        held.setdefault(org, {})[state] = int(n)
+    return held
+
+
+def _limits(session: sa.orm.Session, orgs: list[str], default: int) -> dict[str, int]:
+    """Each org's limit: its override in SQL, else the default (one query for all)."""
+    rows = session.execute(sa.select(CapacityOrg.org_id, CapacityOrg.limit).where(
+        CapacityOrg.org_id.in_(orgs))).all() if orgs else []
+    overrides = {org: n for org, n in rows if n is not None}
+    return {org: overrides.get(org, default) for org in orgs}
+
+
+def _capacity(by_org: dict[str, dict[str, int]]) -> Metric:
+    gauge = GaugeMetricFamily("playrun_capacity_leases",
+                              "Capacity leases held now, by org (top N by leases held, the "
+                              "rest as \"other\") and state.", labels=["org", "state"])
+    for org, states in by_org.items():
+        for state, n in states.items():
+            gauge.add_metric([org, state], float(n))
+    return gauge

@@ -88,6 +88,7 @@ def test_submit_wait_without_input_sends_an_empty_object(with_worker: dict[str, 
     assert (doc["status"], doc["output"]) == (
         "succeeded", {"greeting": "Hello, world!", "shout": "WORLD"})
     shown = cli(with_worker, "show", doc["id"], "--json")
+    assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["status"] == "succeeded"
 
 

@@ -173,7 +173,7 @@ def test_cli_show_and_cancel_take_a_unique_prefix(pg_url: str) -> None:
     base = uuid.uuid4().hex[:8]
     one, two = base + "a" * 24, base + "b" * 24
     _insert(_org(), [(one, T0, "succeeded", None), (two, T0, "succeeded", None)])
-    shown = _cli("show", base + "a", "--no-events")
+    shown = _cli("show", base + "a", "--no-events", "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["id"] == one
     cancelled = _cli("cancel", two[:12])

@@ -127,6 +127,9 @@ KEY_PREFIX: Final = "playrun"
 KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
 KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
 
+# A pooled PostgreSQL connection idle this long is pinged before use (tasks.db).
+PING_IDLE_S: Final = 1.0
+
 # Limits.
 MAX_INPUT_BYTES: Final = 256 * 1024
 MAX_OUTPUT_BYTES: Final = 1024 * 1024
@@ -144,8 +147,13 @@ MAX_IDEMPOTENCY_KEY_CHARS: Final = 256  # runs.idempotency_key
 MAX_PLAY_PATH_CHARS: Final = 1024  # runs.play_path
 RUN_ID_PATTERN: Final = r"[0-9a-f]{32}"  # uuid4().hex, what models.base.new_id makes
 MAX_LIST_RUNS: Final = 10_000
+MAX_SUBMIT_BATCH: Final = 10_000  # runs per submit_runs call (one transaction)
+# run_events pages: the default keeps the old call (no paging) bounded for huge ledgers.
+DEFAULT_EVENTS_PAGE: Final = 10_000
+MAX_EVENTS_PAGE: Final = 10_000
 MAX_STARTS_PER_MINUTE: Final = 1_000_000.0  # the start-rate bucket's ceiling (startrate.maths)
 MAX_SQL_INT: Final = 2**31 - 1  # an Integer column
+MAX_SQL_BIGINT: Final = 2**63 - 1  # a BigInteger column (run_events.id)
 MAX_DURATION_S: Final = 365 * 86400.0  # operator holds, throttles and waits
 MAX_STATS_WINDOW_S: Final = 10 * 365 * 86400.0
 # ctx.step: the step key and the JSON output a work receipt keeps.

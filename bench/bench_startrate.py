@@ -31,7 +31,7 @@ CAP = RateRule("global", 1_000_000, 1_000_000, 1_000_000, 0, 1.0)
 
 def acquire_argv(lim: StartRateLimiter, bucket: str, rules: list[RateRule],
                  horizon_ms: int) -> tuple[str, list[str]]:
-    keys, rule_argv = lim._prepare(bucket, rules)
+    keys, rule_argv = lim._prepare(bucket, rules, "acquire")
     args = ["", str(horizon_ms * 1000), str(lim.idle_ttl_ms), "1", *rule_argv]
     return load_script("acquire").sha, [*keys, *args]
 

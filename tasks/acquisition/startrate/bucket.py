@@ -3,8 +3,8 @@
 One Lua script per operation (``lua/acquire.lua``, ``penalize.lua``, ``inspect.lua``),
 each atomic, with Redis ``TIME`` as the clock; ``lua/prelude.lua`` (the clock and the
 read of a rule's hash) is put in front of each when it is loaded. A bucket's rules live
-in one hash each, ``<prefix>{<bucket>}:rule:<name>``: the braces are a hash tag, so every key a script
-touches sits in one slot and the scripts run on Redis Cluster.
+in one hash each, ``<prefix>{<bucket>}:rule:<name>``: the braces are a hash tag, so
+every key a script touches sits in one slot and the scripts run on Redis Cluster.
 
 Redis trouble never reaches the caller: on any Redis error the limiter hands out a
 ``degraded`` permit from a per-process in-memory GCRA at the initial rate (or the

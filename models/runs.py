@@ -53,7 +53,13 @@ class Attempt(Base):
     """One try at a run; only the current, unexpired (generation, lease_token) may write."""
 
     __tablename__ = "attempts"
-    __table_args__ = (sa.UniqueConstraint("run_id", "generation", name="uq_attempts_run_gen"),)
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "generation", name="uq_attempts_run_gen"),
+        # The reaper's expired leases: only active attempts, however many have ended.
+        sa.Index("ix_attempts_active_expiry", "lease_expires_at",
+                 postgresql_where=sa.text("state = 'active'"),
+                 sqlite_where=sa.text("state = 'active'")),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
@@ -115,6 +121,14 @@ class Outbox(Base):
     """Messages to publish after commit; the row id is the Celery task id."""
 
     __tablename__ = "outbox"
+    __table_args__ = (
+        # The sweep's due rows: only the unsent ones, however many were sent.
+        sa.Index("ix_outbox_unsent_due", "available_at",
+                 postgresql_where=sa.text("sent_at IS NULL"),
+                 sqlite_where=sa.text("sent_at IS NULL")),
+        # The newest row of a run (resend_stale).
+        sa.Index("ix_outbox_run_created", "run_id", "created_at"),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), index=True)

@@ -71,7 +71,7 @@ def fill(url: str, lo: int, hi: int, events: int) -> None:
         return
     with connect(url) as conn:
         for sql in _FILL:
-            conn.execute(sql.format(lo=lo, hi=hi, events=events, orgs=ORG_COUNT,  # type: ignore[arg-type]
+            conn.execute(sql.format(lo=lo, hi=hi, events=events, orgs=ORG_COUNT,
                                     digest=DIGEST))
         conn.execute("ANALYZE")
 
@@ -84,14 +84,14 @@ def backlog(url: str, queued: int, deferred: int) -> None:
                               current_generation, deferral_count, deferral_total_ms)
             SELECT md5('q' || i), 'scale-q', 'plays/noop.py', '{DIGEST}', '{{}}', 'queued',
                    0, 0, 0
-            FROM generate_series(1, {queued + deferred}) AS i""")  # type: ignore[arg-type]
+            FROM generate_series(1, {queued + deferred}) AS i""")
         conn.execute(f"""
             INSERT INTO outbox (id, run_id, task_name, args, available_at, publish_count)
             SELECT md5('qo' || i), md5('q' || i), 'playrun.start_attempt',
                    jsonb_build_array(md5('q' || i)),
                    CASE WHEN i <= {queued} THEN now() - interval '1 hour'
                         ELSE now() + interval '1 day' END, 0
-            FROM generate_series(1, {queued + deferred}) AS i""")  # type: ignore[arg-type]
+            FROM generate_series(1, {queued + deferred}) AS i""")
         conn.execute("ANALYZE")
 
 
@@ -102,11 +102,11 @@ def long_ledger(url: str, events: int) -> str:
             INSERT INTO runs (id, org_id, play_path, play_digest, input, status,
                               current_generation, deferral_count, deferral_total_ms)
             VALUES (md5('long'), 'scale-long', 'plays/noop.py', '{DIGEST}', '{{}}',
-                    'succeeded', 1, 0, 0)""")  # type: ignore[arg-type]
+                    'succeeded', 1, 0, 0)""")
         conn.execute(f"""
             INSERT INTO run_events (run_id, generation, kind, data)
             SELECT md5('long'), 1, 'run.progress', jsonb_build_object('n', n)
-            FROM generate_series(1, {events}) AS n""")  # type: ignore[arg-type]
+            FROM generate_series(1, {events}) AS n""")
         row = conn.execute("SELECT md5('long')").fetchone()
     assert row is not None
     return str(row[0])
@@ -120,4 +120,4 @@ def expired_reservations(url: str, n: int, tag: str) -> None:
                                          overrun, expires_at)
             SELECT md5('x{tag}' || i), 'scale-' || (i % {ORG_COUNT}), md5('r' || i), 1,
                    'reserved', md5('t' || i), false, now() - interval '1 hour'
-            FROM generate_series(1, {n}) AS i""")  # type: ignore[arg-type]
+            FROM generate_series(1, {n}) AS i""")

@@ -74,7 +74,7 @@ SCALE_INDEXES = {
 def _indexes(url: str) -> dict[str, set[str]]:
     db.dispose_engines()  # a fresh inspector: no cached reflection
     inspector = sa.inspect(db.get_engine(url))
-    return {t: {ix["name"] for ix in inspector.get_indexes(t)} & names
+    return {t: {str(ix["name"]) for ix in inspector.get_indexes(t)} & names
             for t, names in SCALE_INDEXES.items()}
 
 
@@ -94,7 +94,7 @@ def test_0006_adds_and_drops_the_scale_indexes(which: str, request: pytest.Fixtu
 def test_0006_indexes_are_partial_on_postgres(empty_pg: str) -> None:
     db.upgrade(empty_pg, "0006")
     with db.get_engine(empty_pg).connect() as conn:
-        defs = dict(conn.execute(sa.text(
+        defs: dict[str, str] = dict(conn.execute(sa.text(
             "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'ix_%'")).all())
     assert "WHERE (sent_at IS NULL)" in defs["ix_outbox_unsent_due"]
     assert "WHERE ((state)::text = 'reserved'::text)" in defs["ix_capacity_leases_reserved_expiry"]

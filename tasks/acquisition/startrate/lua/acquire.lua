@@ -13,11 +13,13 @@
 
 local now = clock(ARGV[1])
 local n = #KEYS
-local R, T, C, X, F = {}, {}, {}, {}, {}  -- per rule: rate, TAT, cooldown, expiry, eff rate
+-- Per rule: rate, TAT, cooldown, expiry, effective rate, and whether the key was missing.
+local R, T, C, X, F, M = {}, {}, {}, {}, {}, {}
 local scheduled, cooldown, epoch, slowest = now, 0, 0, nil
 for i = 1, n do
   local a = 5 * i
   local r, t, e, c, x = state(KEYS[i])
+  M[i] = r == nil
   -- Clamped on read so a changed floor/max applies at once to stored state.
   r = math.min(tonumber(ARGV[a + 1]), math.max(tonumber(ARGV[a + 2]), r or tonumber(ARGV[a])))
   local eff = tonumber(ARGV[a + 4])
@@ -54,7 +56,11 @@ for i = 1, n do
     eff = r
   end
   local want = expiry(idle_ttl, now, math.max(tat, C[i]))
-  if stale(X[i], want, idle_ttl) then
+  if M[i] then
+    -- A new key gets every field, so scripts of the previous release can read it.
+    redis.call('HSET', KEYS[i], 'r', int(r), 't', int(tat), 'e', '0', 'c', '0', 'x', int(want))
+    redis.call('PEXPIRE', KEYS[i], want - now_ms)
+  elseif stale(X[i], want, idle_ttl) then
     redis.call('HSET', KEYS[i], 'r', int(r), 't', int(tat), 'x', int(want))
     redis.call('PEXPIRE', KEYS[i], want - now_ms)
   else

@@ -46,7 +46,9 @@ for i = 1, n do
   local r = math.max(tonumber(ARGV[a + 2]), math.floor(R[i] * tonumber(ARGV[a + 3]) / 1000000))
   local c = math.max(C[i], until_us)
   local want = expiry(idle_ttl, now, math.max(T[i], c))
-  redis.call('HSET', KEYS[i], 'r', int(r), 'e', int(new_epoch), 'c', int(c), 'x', int(want))
+  -- t too: a new key gets every field, so scripts of the previous release can read it.
+  redis.call('HSET', KEYS[i], 'r', int(r), 't', int(T[i]), 'e', int(new_epoch), 'c', int(c),
+    'x', int(want))
   redis.call('PEXPIRE', KEYS[i], want - now_ms)
   local eff = tonumber(ARGV[a + 4])
   if eff == 0 then eff = r end

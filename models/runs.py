@@ -23,7 +23,13 @@ class PlayBundle(Base):
 
 class Run(Base):
     __tablename__ = "runs"
-    __table_args__ = (sa.UniqueConstraint("org_id", "idempotency_key", name="uq_runs_org_idem"),)
+    __table_args__ = (
+        sa.UniqueConstraint("org_id", "idempotency_key", name="uq_runs_org_idem"),
+        # The resend of long-queued starts walks queued runs oldest first.
+        sa.Index("ix_runs_queued_created", "created_at",
+                 postgresql_where=sa.text("status = 'queued'"),
+                 sqlite_where=sa.text("status = 'queued'")),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
     org_id: Mapped[str] = mapped_column(sa.String(128), index=True)

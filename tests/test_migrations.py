@@ -67,6 +67,7 @@ SCALE_INDEXES = {
     "attempts": {"ix_attempts_active_expiry"},
     "capacity_leases": {"ix_capacity_leases_held", "ix_capacity_leases_reserved_expiry"},
     "outbox": {"ix_outbox_run_created", "ix_outbox_unsent_due"},
+    "runs": {"ix_runs_queued_created"},
     "runtime_resources": {"ix_runtime_resources_undeleted"},
 }
 

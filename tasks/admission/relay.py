@@ -108,7 +108,9 @@ def resend_stale(app: Any, *, after_s: float, limit: int = 200) -> int:
             ~sa.exists().where(newer.run_id == Outbox.run_id,
                                newer.created_at > Outbox.created_at),
         )
-        .order_by(Outbox.sent_at)
+        # Oldest queued runs first: the partial index on queued runs' created_at drives
+        # the walk, so the cost follows the queue, not the history of sent rows.
+        .order_by(Run.created_at)
         .limit(limit)
     )
     return _claim_and_publish(app, stmt)

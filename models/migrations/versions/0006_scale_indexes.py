@@ -33,11 +33,17 @@ def upgrade() -> None:
         batch_op.create_index('ix_outbox_run_created', ['run_id', 'created_at'], unique=False)
         batch_op.create_index('ix_outbox_unsent_due', ['available_at'], unique=False, postgresql_where=sa.text('sent_at IS NULL'), sqlite_where=sa.text('sent_at IS NULL'))
 
+    with op.batch_alter_table('runs', schema=None) as batch_op:
+        batch_op.create_index('ix_runs_queued_created', ['created_at'], unique=False, postgresql_where=sa.text("status = 'queued'"), sqlite_where=sa.text("status = 'queued'"))
+
     with op.batch_alter_table('runtime_resources', schema=None) as batch_op:
         batch_op.create_index('ix_runtime_resources_undeleted', ['run_id', 'generation'], unique=False, postgresql_where=sa.text("state <> 'deleted'"), sqlite_where=sa.text("state <> 'deleted'"))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('runs', schema=None) as batch_op:
+        batch_op.drop_index('ix_runs_queued_created', postgresql_where=sa.text("status = 'queued'"), sqlite_where=sa.text("status = 'queued'"))
+
     with op.batch_alter_table('runtime_resources', schema=None) as batch_op:
         batch_op.drop_index('ix_runtime_resources_undeleted', postgresql_where=sa.text("state <> 'deleted'"), sqlite_where=sa.text("state <> 'deleted'"))
 

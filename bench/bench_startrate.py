@@ -27,25 +27,33 @@ from tasks.acquisition.startrate.bucket import load_script
 TRIVIAL = "return 1"
 FAST = RateRule("provider", 60, 600, 6, 6, 0.5, fixed_per_min=1_000_000)  # 60 us apart
 CAP = RateRule("global", 1_000_000, 1_000_000, 1_000_000, 0, 1.0)
+SLOW = RateRule("provider", 60, 600, 6, 6, 0.5, fixed_per_min=1)  # one grant: a minute ahead
 
 
 def acquire_argv(lim: StartRateLimiter, bucket: str, rules: list[RateRule],
                  horizon_ms: int) -> tuple[str, list[str]]:
-    keys, rule_argv = lim._prepare(bucket, rules)
+    keys, rule_argv = lim._prepare(bucket, rules, "acquire")
     args = ["", str(horizon_ms * 1000), str(lim.idle_ttl_ms), "1", *rule_argv]
     return load_script("acquire").sha, [*keys, *args]
 
 
-def pipelined(client: redis.Redis, sha: str, numkeys: int, args: list[str], n: int,
-              batch: int) -> float:
-    """Calls per second, pipelines of ``batch`` without MULTI."""
-    started = time.perf_counter()
+def pipelined(client: redis.Redis, calls: list[tuple[str, int, list[str]]], n: int,
+              batch: int) -> list[float]:
+    """Calls per second of each (sha, numkeys, args), pipelines of ``batch`` without MULTI.
+
+    The variants take turns, one pipeline each, so that all see the same machine noise
+    (this host is shared).
+    """
+    spent = [0.0] * len(calls)
     for _ in range(n // batch):
-        pipe = client.pipeline(transaction=False)
-        for _ in range(batch):
-            pipe.evalsha(sha, numkeys, *args)
-        pipe.execute()
-    return n / (time.perf_counter() - started)
+        for i, (sha, numkeys, args) in enumerate(calls):
+            started = time.perf_counter()
+            pipe = client.pipeline(transaction=False)
+            for _ in range(batch):
+                pipe.evalsha(sha, numkeys, *args)
+            pipe.execute()
+            spent[i] += time.perf_counter() - started
+    return [n // batch * batch / s for s in spent]
 
 
 def per_call(fn: Callable[[], object], n: int,
@@ -76,13 +84,19 @@ def throughput(url: str, n: int, batch: int, calls: int) -> None:
     b = f"bench-{uuid.uuid4().hex[:8]}"
     rows: list[tuple[str, float, float]] = []  # (name, pipelined/s, per-call/s) + latency
 
-    base_pipe = pipelined(client, trivial_sha, 0, [], n, batch)
     def bare() -> object:
         return client.evalsha(trivial_sha, 0)
 
+    grant = acquire_argv(lim, b + "-g", [FAST], lim.horizon_ms)
+    deny_call = acquire_argv(deny, b + "-d", [SLOW], 0)
+    two = acquire_argv(lim, b + "-2", [FAST, CAP], lim.horizon_ms)
+    lim.acquire(b + "-d", [SLOW])  # a minute ahead now: every later call is denied
+    rates = pipelined(client, [(trivial_sha, 0, []), (grant[0], 1, grant[1]),
+                               (deny_call[0], 1, deny_call[1]), (two[0], 2, two[1])], n, batch)
+    base_pipe = rates[0]
     base = per_call(bare, calls, base=bare)
-    print(f"\n(1) throughput: {n} EVALSHA pipelined by {batch}; {calls} single calls, "
-          "interleaved with bare ones; per-call/s = 1 / mean latency")
+    print(f"\n(1) throughput: {n} EVALSHA pipelined by {batch} (variants take turns); "
+          f"{calls} single calls, interleaved with bare ones; per-call/s = 1 / mean latency")
     print(f"{'script':<26}{'pipelined/s':>12}{'ratio':>7}{'per-call/s':>12}{'ratio':>7}"
           f"{'p50 us':>8}{'p99 us':>8}")
 
@@ -92,21 +106,17 @@ def throughput(url: str, n: int, batch: int, calls: int) -> None:
               f"{single[0]:>12,.0f}{single[0] / base[0]:>7.2f}{single[1]:>8.0f}{single[2]:>8.0f}")
 
     row("return 1 (bare EVALSHA)", base_pipe, base)
-    sha, args = acquire_argv(lim, b + "-g", [FAST], lim.horizon_ms)
-    row("acquire, grant (raw)", pipelined(client, sha, 1, args, n, batch),
-        per_call(lambda: client.evalsha(sha, 1, *args), calls, base=bare))
-    sha, args = acquire_argv(deny, b + "-g", [FAST], 0)  # same bucket, far ahead: denied
-    row("acquire, deny (raw)", pipelined(client, sha, 1, args, n, batch),
-        per_call(lambda: client.evalsha(sha, 1, *args), calls, base=bare))
-    sha, args = acquire_argv(lim, b + "-2", [FAST, CAP], lim.horizon_ms)
-    row("acquire, 2 rules (raw)", pipelined(client, sha, 2, args, n, batch),
-        per_call(lambda: client.evalsha(sha, 2, *args), calls, base=bare))
+    for name, (sha, args), numkeys, rate in (("acquire, grant (raw)", grant, 1, rates[1]),
+                                            ("acquire, deny (raw)", deny_call, 1, rates[2]),
+                                            ("acquire, 2 rules (raw)", two, 2, rates[3])):
+        row(name, rate, per_call(lambda s=sha, k=numkeys, a=args: client.evalsha(s, k, *a),
+                                 calls, base=bare))
     single = per_call(lambda: lim.acquire(b + "-p", [FAST]), calls, base=bare)
     print(f"{'limiter.acquire() (Python)':<26}{'-':>12}{'-':>7}{single[0]:>12,.0f}"
           f"{single[0] / base[0]:>7.2f}{single[1]:>8.0f}{single[2]:>8.0f}")
     assert lim.degraded_calls == 0 and deny.degraded_calls == 0
-    for suffix in ("-g", "-2", "-p"):
-        client.delete(*(lim.key(b + suffix, r.name) for r in (FAST, CAP)))
+    for suffix in ("-g", "-d", "-2", "-p"):
+        client.delete(*(lim.key(b + suffix, r.name) for r in (FAST, CAP, SLOW)))
     lim.close()
     deny.close()
     client.close()

@@ -15,7 +15,13 @@ class RuntimeResource(Base):
     """A sandbox created for an attempt, from request to deletion."""
 
     __tablename__ = "runtime_resources"
-    __table_args__ = (sa.UniqueConstraint("provider", "sandbox_id", name="uq_resources_sandbox"),)
+    __table_args__ = (
+        sa.UniqueConstraint("provider", "sandbox_id", name="uq_resources_sandbox"),
+        # The reaper's retry of releases: only sandboxes not yet deleted.
+        sa.Index("ix_runtime_resources_undeleted", "run_id", "generation",
+                 postgresql_where=sa.text("state <> 'deleted'"),
+                 sqlite_where=sa.text("state <> 'deleted'")),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), index=True)
@@ -50,6 +56,13 @@ class CapacityLease(Base):
     __table_args__ = (
         sa.Index("ix_capacity_leases_org_state", "org_id", "state"),
         sa.Index("ix_capacity_leases_attempt", "run_id", "generation"),
+        # The reaper: reservations that may expire, and held leases to retry releasing.
+        sa.Index("ix_capacity_leases_reserved_expiry", "expires_at",
+                 postgresql_where=sa.text("state = 'reserved'"),
+                 sqlite_where=sa.text("state = 'reserved'")),
+        sa.Index("ix_capacity_leases_held", "run_id", "generation",
+                 postgresql_where=sa.text("state IN ('reserved', 'live')"),
+                 sqlite_where=sa.text("state IN ('reserved', 'live')")),
     )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)

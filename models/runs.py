@@ -28,6 +28,10 @@ class Run(Base):
         # Listings page newest first by (created_at, id), for all orgs or one.
         sa.Index("ix_runs_created_id", "created_at", "id"),
         sa.Index("ix_runs_org_created_id", "org_id", "created_at", "id"),
+        # The resend of long-queued starts walks queued runs oldest first.
+        sa.Index("ix_runs_queued_created", "created_at",
+                 postgresql_where=sa.text("status = 'queued'"),
+                 sqlite_where=sa.text("status = 'queued'")),
     )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
@@ -58,7 +62,13 @@ class Attempt(Base):
     """One try at a run; only the current, unexpired (generation, lease_token) may write."""
 
     __tablename__ = "attempts"
-    __table_args__ = (sa.UniqueConstraint("run_id", "generation", name="uq_attempts_run_gen"),)
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "generation", name="uq_attempts_run_gen"),
+        # The reaper's expired leases: only active attempts, however many have ended.
+        sa.Index("ix_attempts_active_expiry", "lease_expires_at",
+                 postgresql_where=sa.text("state = 'active'"),
+                 sqlite_where=sa.text("state = 'active'")),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
@@ -120,6 +130,14 @@ class Outbox(Base):
     """Messages to publish after commit; the row id is the Celery task id."""
 
     __tablename__ = "outbox"
+    __table_args__ = (
+        # The sweep's due rows: only the unsent ones, however many were sent.
+        sa.Index("ix_outbox_unsent_due", "available_at",
+                 postgresql_where=sa.text("sent_at IS NULL"),
+                 sqlite_where=sa.text("sent_at IS NULL")),
+        # The newest row of a run (resend_stale).
+        sa.Index("ix_outbox_run_created", "run_id", "created_at"),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), index=True)

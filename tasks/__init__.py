@@ -1,6 +1,6 @@
 """playrun: run customer plays in isolated sandboxes, fenced and rate-limited fleet-wide.
 
-`celery -A tasks worker` finds the Celery app here; app code uses submit_run,
+`celery -A tasks worker` finds the Celery app here; app code uses submit_run(s),
 get_run, cancel_run and run_events, and reads runtime sheets with sheet_rows.
 """
 
@@ -21,6 +21,7 @@ from tasks.api import (
     run_cursor,
     run_events,
     submit_run,
+    submit_runs,
 )
 from tasks.app import app
 from tasks.errors import PlayrunError
@@ -51,4 +52,5 @@ __all__ = [
     "run_events",
     "sheet_rows",
     "submit_run",
+    "submit_runs",
 ]

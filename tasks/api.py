@@ -1,4 +1,4 @@
-"""The public API for app code: submit_run, get_run, cancel_run, run_events, list_runs.
+"""The public API for app code: submit_run(s), get_run, cancel_run, run_events, list_runs.
 
 Every argument is checked by tasks.admission.validate before it reaches SQL.
 """
@@ -18,15 +18,18 @@ import sqlalchemy as sa
 from models import Attempt, Run, db_now
 from tasks import ledger
 from tasks.admission.again import admit_again
-from tasks.admission.relay import publish_admitted
-from tasks.admission.submit import admit
-from tasks.admission.validate import check_run_id, check_wait_timeout
+from tasks.admission.relay import Message, publish_admitted, publish_due
+from tasks.admission.submit import Admitted, admit, admit_many
+from tasks.admission.validate import check_count, check_run_id, check_wait_timeout
 from tasks.app import app, send
 from tasks.constants import (
     CANCELLED,
     CANCELLED_CODE,
+    DEFAULT_EVENTS_PAGE,
     EV_CANCEL_REQUESTED,
     KEY_RUN_DONE,
+    MAX_EVENTS_PAGE,
+    MAX_SQL_BIGINT,
     QUEUE,
     TASK_CANCEL_ATTEMPT,
     TASK_START_ATTEMPT,
@@ -141,17 +144,34 @@ class RunHandle:
                     pubsub.close()
 
 
+def _published(admitted: list[Admitted]) -> list[RunHandle]:
+    # Committed already, the rows marked as handed to us: if this publish fails they are
+    # un-marked for the beat sweep (and a crash here leaves them to its resend).
+    messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT, [a.run_id])
+                               for a in admitted if a.outbox_id is not None]
+    published = publish_admitted(app, messages) if messages else True
+    return [RunHandle(a.run_id, a.created, published or a.outbox_id is None)
+            for a in admitted]
+
+
 def submit_run(play: str | Path, input: Any = None, *, org_id: str,
                idempotency_key: str | None = None) -> RunHandle:
     """Admit a run; with a key already used by this org, return that run and write nothing."""
     ensure_schema_once()
-    admitted = admit(play, input, org_id, idempotency_key)
-    published = True
-    if admitted.outbox_id is not None:
-        # Committed already: if this publish fails, the beat sweep publishes the row.
-        published = publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT,
-                                     [admitted.run_id])
-    return RunHandle(admitted.run_id, admitted.created, published)
+    return _published([admit(play, input, org_id, idempotency_key, handed_off=True)])[0]
+
+
+def submit_runs(runs: list[dict[str, Any]]) -> list[RunHandle]:
+    """Admit many runs in one transaction and publish their starts in one pipeline.
+
+    Each item is a dict with `play` and `org_id`, and optionally `input` and
+    `idempotency_key`, checked exactly as submit_run checks them. One bad item refuses
+    the whole batch before anything is written: the error says which (`item`). A key
+    the org used before, or earlier in the same batch, returns that run (created=False).
+    Handles come back in the order of the items.
+    """
+    ensure_schema_once()
+    return _published(admit_many(runs, handed_off=True))
 
 
 def _view(run: Run, attempts: list[Attempt]) -> RunView:
@@ -190,13 +210,21 @@ def list_runs(limit: int = 50, org_id: str | None = None, *, status: str | None 
     return [_view(r, []) for r in find_runs(query)]
 
 
-def run_events(run_id: str) -> list[ledger.Event]:
+def run_events(run_id: str, *, after: int | None = None,
+               limit: int = DEFAULT_EVENTS_PAGE) -> list[ledger.Event]:
+    """The run's ledger in order, one page: at most `limit` events (up to
+    MAX_EVENTS_PAGE), those after the event whose `seq` is `after` (None: from the start).
+
+    Read the next page with `after=events[-1].seq`; a short page is the end.
+    """
     run_id = check_run_id(run_id)
+    after = None if after is None else check_count(after, "after", maximum=MAX_SQL_BIGINT)
+    limit = check_count(limit, "limit", minimum=1, maximum=MAX_EVENTS_PAGE)
     ensure_schema_once()
     with session_scope(readonly=True) as session:
         if session.get(Run, run_id) is None:
             raise RunNotFoundError(f"no run with id {run_id}")
-        return ledger.read(session, run_id)
+        return ledger.read(session, run_id, after=after, limit=limit)
 
 
 def cancel_run(run_id: str) -> RunView:
@@ -239,5 +267,6 @@ def run_again(run_id: str, *, idempotency_key: str | None = None) -> RunHandle:
     ensure_schema_once()
     admitted = admit_again(run_id, idempotency_key)
     if admitted.outbox_id is not None:
-        publish_admitted(app, admitted.outbox_id, TASK_START_ATTEMPT, [admitted.run_id])
+        # Its outbox row is not marked sent yet: the relay claims it, then publishes.
+        publish_due(app, ids=[admitted.outbox_id])
     return RunHandle(admitted.run_id, admitted.created)

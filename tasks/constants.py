@@ -139,6 +139,9 @@ KEY_START_HISTORY: Final = f"{KEY_PREFIX}:starthist:"
 START_HISTORY_TTL_S: Final = 2 * 3600
 START_HISTORY_MINUTES: Final = 60
 
+# A pooled PostgreSQL connection idle this long is pinged before use (tasks.db).
+PING_IDLE_S: Final = 1.0
+
 # Limits.
 MAX_INPUT_BYTES: Final = 256 * 1024
 MAX_OUTPUT_BYTES: Final = 1024 * 1024
@@ -163,8 +166,13 @@ DASHBOARD_REFRESH_S: Final = 10
 DASHBOARD_RUNS_PAGE: Final = 50
 DASHBOARD_EVENTS_PAGE: Final = 200
 DASHBOARD_MIN_TOKEN_CHARS: Final = 16
+MAX_SUBMIT_BATCH: Final = 10_000  # runs per submit_runs call (one transaction)
+# run_events pages: the default keeps the old call (no paging) bounded for huge ledgers.
+DEFAULT_EVENTS_PAGE: Final = 10_000
+MAX_EVENTS_PAGE: Final = 10_000
 MAX_STARTS_PER_MINUTE: Final = 1_000_000.0  # the start-rate bucket's ceiling (startrate.maths)
 MAX_SQL_INT: Final = 2**31 - 1  # an Integer column
+MAX_SQL_BIGINT: Final = 2**63 - 1  # a BigInteger column (run_events.id)
 MAX_DURATION_S: Final = 365 * 86400.0  # operator holds, throttles and waits
 MAX_STATS_WINDOW_S: Final = 10 * 365 * 86400.0
 # ctx.step: the step key and the JSON output a work receipt keeps.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.constants import SCHEMA_REVISION
+from tasks.constants import PING_IDLE_S, SCHEMA_REVISION
 from tasks.errors import DatabaseUnavailableError, SchemaNotCurrentError
 from tasks.settings import get_settings
 
@@ -51,6 +52,29 @@ def _sqlite_engine(url: str) -> sa.Engine:
     return engine
 
 
+def _ping_when_idle(engine: sa.Engine) -> None:
+    """pool_pre_ping, but only for a connection idle longer than PING_IDLE_S.
+
+    A ping is a round trip on every checkout; a connection used a moment ago is alive
+    (a server that died since fails the statement, and the pool then replaces every
+    older connection). A failed ping makes the pool connect afresh, as pre_ping does.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info["playrun_used_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        used = record.info.get("playrun_used_at")
+        if used is not None and time.monotonic() - used < PING_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            raise sa.exc.DisconnectionError(f"stale pooled connection: {exc}") from exc
+
+
 def get_engine(url: str | None = None) -> sa.Engine:
     """One engine per process and URL (a forked worker child builds its own)."""
     url = url or get_settings().database_url
@@ -60,7 +84,8 @@ def get_engine(url: str | None = None) -> sa.Engine:
         if url.startswith("sqlite"):
             engine = _sqlite_engine(url)
         else:
-            engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+            engine = sa.create_engine(url, pool_size=5, max_overflow=10)
+            _ping_when_idle(engine)
         _engines[key] = engine
     return engine
 

@@ -7,6 +7,8 @@ class PlayrunError(Exception):
     """Root of every error playrun raises on purpose."""
 
     code: str = "PLAYRUN_ERROR"
+    # submit_runs: the index of the item that refused the batch (None elsewhere).
+    item: int | None = None
 
     def __init__(self, message: str = "", *, code: str | None = None) -> None:
         super().__init__(message or self.__class__.__doc__ or self.code)

@@ -18,6 +18,7 @@ class Event:
     at: datetime
     data: dict[str, Any]
     generation: int | None
+    seq: int = 0  # the event's position in the ledger: pass it as run_events(after=...)
 
 
 def append(
@@ -28,9 +29,13 @@ def append(
     session.add(RunEvent(run_id=run_id, kind=kind, data=data or {}, generation=generation))
 
 
-def read(session: Session, run_id: str) -> list[Event]:
-    rows = session.scalars(
-        sa.select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
-    )
-    return [Event(kind=r.kind, at=r.at, data=dict(r.data or {}), generation=r.generation)
-            for r in rows]
+def read(session: Session, run_id: str, *, after: int | None = None,
+         limit: int | None = None) -> list[Event]:
+    """Events in ledger order; `after` and `limit` page through them (keyset on id)."""
+    stmt = sa.select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+    if after is not None:
+        stmt = stmt.where(RunEvent.id > after)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [Event(kind=r.kind, at=r.at, data=dict(r.data or {}), generation=r.generation,
+                  seq=r.id) for r in session.scalars(stmt)]

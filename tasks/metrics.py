@@ -103,8 +103,12 @@ def _since(created_at: datetime | None) -> float | None:
 # --- the calls -------------------------------------------------------------------------
 
 def run_admitted() -> None:
-    if (m := _get()) is not None:
-        m.admitted.inc()
+    runs_admitted(1)
+
+
+def runs_admitted(count: int) -> None:
+    if count and (m := _get()) is not None:
+        m.admitted.inc(count)
 
 
 def run_ended(status: str, code: str | None, created_at: datetime | None,

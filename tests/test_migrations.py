@@ -71,3 +71,42 @@ def test_an_unmigrated_database_is_refused_with_the_upgrade_command(empty_pg: st
     with pytest.raises(SchemaNotCurrentError, match="playrun db upgrade") as err:
         db.require_current_schema(empty_pg)
     assert err.value.code == "SCHEMA_NOT_CURRENT"
+
+
+SCALE_INDEXES = {
+    "attempts": {"ix_attempts_active_expiry"},
+    "capacity_leases": {"ix_capacity_leases_held", "ix_capacity_leases_reserved_expiry"},
+    "outbox": {"ix_outbox_run_created", "ix_outbox_unsent_due"},
+    "runs": {"ix_runs_queued_created"},
+    "runtime_resources": {"ix_runtime_resources_undeleted"},
+}
+
+
+def _indexes(url: str) -> dict[str, set[str]]:
+    db.dispose_engines()  # a fresh inspector: no cached reflection
+    inspector = sa.inspect(db.get_engine(url))
+    return {t: {str(ix["name"]) for ix in inspector.get_indexes(t)} & names
+            for t, names in SCALE_INDEXES.items()}
+
+
+@pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
+def test_0006_adds_and_drops_the_scale_indexes(which: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(which)
+    db.upgrade(url, "0005")
+    assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
+    db.upgrade(url, "0006")
+    assert _indexes(url) == SCALE_INDEXES
+    assert _diff(url) == []
+    db.downgrade(url, "0005")
+    assert db.current_revision(url) == "0005"
+    assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
+
+
+def test_0006_indexes_are_partial_on_postgres(empty_pg: str) -> None:
+    db.upgrade(empty_pg, "0006")
+    with db.get_engine(empty_pg).connect() as conn:
+        defs: dict[str, str] = dict(conn.execute(sa.text(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'ix_%'")).all())
+    assert "WHERE (sent_at IS NULL)" in defs["ix_outbox_unsent_due"]
+    assert "WHERE ((state)::text = 'reserved'::text)" in defs["ix_capacity_leases_reserved_expiry"]
+    assert "WHERE ((state)::text <> 'deleted'::text)" in defs["ix_runtime_resources_undeleted"]

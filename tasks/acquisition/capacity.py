@@ -1,8 +1,10 @@
 """Capacity leases (SPEC 4.4): reserve under a per-org lock, promote by CAS, release once.
 
-Reservations lock the org's row in `capacity_orgs` (FOR UPDATE on PostgreSQL;
-SQLite's BEGIN IMMEDIATE serialises writers), so concurrent workers count and
-insert one at a time and live + reserved can never pass the limit in `enforce`.
+Reservations lock the org's row in `capacity_orgs` (an upsert that takes the row
+lock and returns the limit; SQLite's BEGIN IMMEDIATE serialises writers anyway), so
+concurrent workers count and insert one at a time and live + reserved can never pass
+the limit in `enforce`. The count and the insert are one conditional INSERT on
+PostgreSQL: it runs after the lock is held, so its snapshot sees every committed lease.
 """
 
 from __future__ import annotations
@@ -10,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from models import CapacityLease, CapacityOrg, db_now
+from models import CapacityLease, CapacityOrg, db_now, new_id
 from tasks import ledger
 from tasks.admission.validate import check_count, check_org_id
 from tasks.constants import (
@@ -44,15 +45,26 @@ class Reservation:
     limit: int
 
 
-def _lock_org(session: Session, org_id: str) -> CapacityOrg:
-    insert = pg_insert if is_postgres(session) else sqlite_insert
-    session.execute(insert(CapacityOrg).values(org_id=org_id)
-                    .on_conflict_do_nothing(index_elements=["org_id"]))
-    stmt = sa.select(CapacityOrg).where(CapacityOrg.org_id == org_id)
+_PG_LOCK_ORG = """
+INSERT INTO capacity_orgs (org_id) VALUES (%(org)s)
+ON CONFLICT (org_id) DO UPDATE SET org_id = excluded.org_id
+RETURNING "limit"
+"""
+
+
+def _lock_org(session: Session, org_id: str) -> int | None:
+    """Lock the org's row (created on first use) and return its limit override.
+
+    A no-op DO UPDATE: unlike DO NOTHING it locks an existing row, and it returns it.
+    """
     if is_postgres(session):
-        stmt = stmt.with_for_update()
-    org = session.scalars(stmt.execution_options(populate_existing=True)).one()
-    return org
+        session.flush()  # raw statements follow the caller's pending writes
+        value = session.connection().exec_driver_sql(_PG_LOCK_ORG, {"org": org_id}).scalar()
+        return None if value is None else int(value)
+    stmt = sqlite_insert(CapacityOrg).values(org_id=org_id)
+    stmt = stmt.on_conflict_do_update(index_elements=["org_id"],
+                                      set_={"org_id": stmt.excluded.org_id})
+    return session.execute(stmt.returning(CapacityOrg.limit)).scalar_one()
 
 
 def limit_for(session: Session, org_id: str, default: int) -> int:
@@ -60,9 +72,29 @@ def limit_for(session: Session, org_id: str, default: int) -> int:
     return default if value is None else value
 
 
+def _held(org_id: str) -> sa.ColumnElement[bool]:
+    return sa.and_(CapacityLease.org_id == org_id, CapacityLease.state.in_(HELD))
+
+
 def in_use(session: Session, org_id: str) -> int:
-    return int(session.scalar(sa.select(sa.func.count()).where(
-        CapacityLease.org_id == org_id, CapacityLease.state.in_(HELD))) or 0)
+    return int(session.scalar(sa.select(sa.func.count()).where(_held(org_id))) or 0)
+
+
+# Count and insert in one statement, under the org lock the previous statement took.
+_PG_RESERVE = f"""
+WITH used AS (
+    SELECT count(*) AS n FROM capacity_leases
+    WHERE org_id = %(org)s AND state IN ('{RESERVED}', '{LIVE}')
+), lease AS (
+    INSERT INTO capacity_leases (id, org_id, run_id, generation, state, holder_token,
+                                 overrun, expires_at)
+    SELECT %(id)s, %(org)s, %(run)s, %(gen)s, '{RESERVED}', %(token)s, used.n >= %(limit)s,
+           clock_timestamp() + make_interval(secs => %(ttl)s)
+    FROM used WHERE used.n < %(limit)s OR %(observe)s
+    RETURNING id
+)
+SELECT used.n, lease.id FROM used LEFT JOIN lease ON true
+"""
 
 
 def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> Reservation:
@@ -71,23 +103,43 @@ def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> 
     Raises CapacityExceededError in `enforce` mode when the org is full; in
     `observe` mode admits and records the overrun in the ledger.
     """
-    org = _lock_org(session, org_id)
-    limit = settings.org_capacity if org.limit is None else org.limit
-    used = in_use(session, org_id)
-    overrun = used >= limit
-    if overrun and settings.capacity_mode == "enforce":
+    override = _lock_org(session, org_id)
+    limit = settings.org_capacity if override is None else override
+    observe = settings.capacity_mode != "enforce"
+    lease_id = new_id()
+    if is_postgres(session):
+        used, inserted = session.connection().exec_driver_sql(_PG_RESERVE, {
+            "org": org_id, "id": lease_id, "run": fence.run_id, "gen": fence.generation,
+            "token": fence.lease_token, "limit": limit, "observe": observe,
+            "ttl": float(settings.capacity_reservation_ttl_s)}).one()
+    else:
+        used = in_use(session, org_id)
+        inserted = None
+        if used < limit or observe:
+            session.execute(sa.insert(CapacityLease).values(
+                id=lease_id, org_id=org_id, run_id=fence.run_id, generation=fence.generation,
+                state=RESERVED, holder_token=fence.lease_token, overrun=used >= limit,
+                expires_at=db_now(settings.capacity_reservation_ttl_s)))
+            inserted = lease_id
+    if inserted is None:
         raise CapacityExceededError(CAPACITY_EXCEEDED_MESSAGE)
-    lease = CapacityLease(
-        org_id=org_id, run_id=fence.run_id, generation=fence.generation, state=RESERVED,
-        holder_token=fence.lease_token, overrun=overrun,
-        expires_at=db_now(settings.capacity_reservation_ttl_s),
-    )
-    session.add(lease)
-    session.flush()
+    overrun = used >= limit
     if overrun:
         ledger.append(session, fence.run_id, EV_CAPACITY_OVERRUN,
-                      {"lease_id": lease.id, "in_use": used, "limit": limit}, fence.generation)
-    return Reservation(lease.id, overrun, used + 1, limit)
+                      {"lease_id": lease_id, "in_use": used, "limit": limit}, fence.generation)
+    return Reservation(lease_id, overrun, used + 1, limit)
+
+
+# Built once and run on the connection: no ORM bookkeeping for a one-row CAS.
+_PROMOTE = (
+    sa.update(CapacityLease)
+    .where(CapacityLease.id == sa.bindparam("b_lease_id"),
+           CapacityLease.run_id == sa.bindparam("b_run_id"),
+           CapacityLease.generation == sa.bindparam("b_generation"),
+           CapacityLease.state == RESERVED)
+    .values(state=LIVE, provider=sa.bindparam("b_provider"),
+            sandbox_id=sa.bindparam("b_sandbox_id"), live_at=db_now(), expires_at=None)
+)
 
 
 def promote(session: Session, fence: Fence, lease_id: str, provider: str,
@@ -97,13 +149,9 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
     Finding the lease already live is success only for the same sandbox of the same
     attempt (a provider retry re-reports it); anything else is a fence loss.
     """
-    changed = session.execute(
-        sa.update(CapacityLease)
-        .where(CapacityLease.id == lease_id, CapacityLease.run_id == fence.run_id,
-               CapacityLease.generation == fence.generation, CapacityLease.state == RESERVED)
-        .values(state=LIVE, provider=provider, sandbox_id=sandbox_id, live_at=db_now(),
-                expires_at=None)
-    ).rowcount  # type: ignore[attr-defined]
+    changed = session.connection().execute(_PROMOTE, {
+        "b_lease_id": lease_id, "b_run_id": fence.run_id, "b_generation": fence.generation,
+        "b_provider": provider, "b_sandbox_id": sandbox_id}).rowcount
     if changed == 1:
         return
     lease = session.get(CapacityLease, lease_id, populate_existing=True)
@@ -121,9 +169,9 @@ def set_limit(org_id: str, limit: int | None) -> None:
     if limit is not None:
         limit = check_count(limit, "the capacity limit")
     with session_scope() as session:
-        org = _lock_org(session, org_id)
-        org.limit = limit
-        org.updated_at = db_now()
+        _lock_org(session, org_id)
+        session.execute(sa.update(CapacityOrg).where(CapacityOrg.org_id == org_id)
+                        .values(limit=limit, updated_at=db_now()))
 
 
 def show(default: int) -> list[tuple[str, int, int, int]]:

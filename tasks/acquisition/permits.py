@@ -2,11 +2,17 @@
 
 A wait within the local horizon is slept in place (monotonic clock); a longer
 one is returned so the caller defers the attempt durably.
+
+The adaptive rate grows only on starts that happened: `accepted` records a create the
+provider accepted, and this process's next acquire on that provider carries the count
+as its observed successes (no extra Redis call). A permit whose run then waited for
+capacity, or whose create was pushed back, earns nothing.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -38,13 +44,40 @@ def limiter() -> StartRateLimiter:
     return _limiter(settings.redis_url, os.getpid(), settings.start_local_sleep_ms)
 
 
+_lock = threading.Lock()
+_accepted: dict[tuple[int, str], int] = {}  # (pid, provider) -> creates not yet reported
+
+
+def accepted(provider: str) -> None:
+    """The provider accepted a create made under a permit of this process."""
+    with _lock:
+        key = (os.getpid(), provider)
+        _accepted[key] = _accepted.get(key, 0) + 1
+
+
+def _take(provider: str) -> int:
+    with _lock:
+        return _accepted.pop((os.getpid(), provider), 0)
+
+
+def _give_back(provider: str, successes: int) -> None:
+    if successes:
+        with _lock:
+            key = (os.getpid(), provider)
+            _accepted[key] = _accepted.get(key, 0) + successes
+
+
 def _override(policy: Policy) -> float | None:
     return policy.starts_per_minute if policy.mode == THROTTLE else None
 
 
 def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision:
+    successes = _take(provider)
     permit: Permit = limiter().acquire(provider, rules_for(settings, provider, _override(policy)),
-                                       observed_successes=1)
+                                       observed_successes=successes)
+    if not permit.granted or permit.degraded:
+        # Only a grant in Redis applies the increase: keep the count for the next one.
+        _give_back(provider, successes)
     starthistory.record_permit(provider, permit)  # one pipelined round trip (starthistory.py)
     metrics.permit(provider, permit.granted)
     if permit.granted:

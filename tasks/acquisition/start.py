@@ -122,6 +122,7 @@ def acquire_sandbox(claimed: Claimed, settings: Settings, app: Any,
             permits.penalize(provider.name, policy, decision.epoch, settings)
         defer(fence, cause, settings, app, detail=str(exc)[:200])  # type: ignore[arg-type]
         return _DEFERRED
+    permits.accepted(provider.name)  # the adaptive rate grows on real starts only
 
     def promote(session: Any, sandbox: SandboxRef) -> None:
         capacity.promote(session, fence, lease_id, sandbox.provider, sandbox.sandbox_id)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from models import Run
-from tasks import ledger
+from tasks import ledger, metrics
 from tasks.admission.submit import Admitted, enqueue_start
 from tasks.admission.validate import check_idempotency_key, check_run_id
 from tasks.constants import EV_ADMITTED, QUEUED
-from tasks.db import session_scope
+from tasks.db import after_commit, session_scope
 from tasks.errors import RunNotFoundError
 
 
@@ -39,6 +39,7 @@ def admit_again(run_id: str, idempotency_key: str | None) -> Admitted:
             ledger.append(session, run.id, EV_ADMITTED,
                           {"play_digest": old.play_digest, "idempotency_key": idempotency_key,
                            "play_path": old.play_path, "again_of": run_id})
+            after_commit(session, metrics.run_admitted)
             return Admitted(run.id, created=True, outbox_id=enqueue_start(session, run.id))
     except sa.exc.IntegrityError:
         # A concurrent run-again with the same key won: hand back its run.

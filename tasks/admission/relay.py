@@ -1,9 +1,12 @@
-"""The outbox relay: publish due rows with the row id as the Celery task id.
+"""The outbox relay: publish start messages with the outbox row id as the Celery task id.
 
-Rows are claimed with FOR UPDATE SKIP LOCKED on PostgreSQL (SQLite's BEGIN
-IMMEDIATE serialises the claim), so concurrent relays never publish a row twice
-in one pass; a crash between publish and commit re-publishes it, and the claim
-in start_attempt makes that duplicate harmless.
+A row is claimed by marking it sent in a short transaction; the publish happens after
+that commit, so no lock (SQLite's write lock above all) is held while the broker is
+slow, and two relays never publish one row in one pass (FOR UPDATE SKIP LOCKED on
+PostgreSQL, BEGIN IMMEDIATE on SQLite). A publish that fails un-marks its rows for
+the next sweep; a process that dies between the mark and the publish leaves a run
+that is still queued long after "sent", which resend_stale publishes again. Every
+duplicate is harmless: the claim in start_attempt decides.
 """
 
 from __future__ import annotations
@@ -16,90 +19,98 @@ import sqlalchemy as sa
 import sqlalchemy.orm
 
 from models import Outbox, Run, db_now
-from tasks.constants import QUEUE, QUEUED
+from tasks.admission.broker import Message, send_starts
+
+__all__ = ["Message", "publish", "publish_admitted", "publish_due", "resend_stale"]
+from tasks.constants import QUEUED
 from tasks.db import is_postgres, session_scope
 
 log = logging.getLogger("playrun.relay")
 
 
-def _publish(app: Any, rows: Sequence[Outbox]) -> int:
-    published = 0
-    for row in rows:
-        try:
-            app.send_task(row.task_name, args=list(row.args), task_id=row.id, queue=QUEUE,
-                          ignore_result=True)
-        except Exception as exc:  # noqa: BLE001 - any broker error: the sweep tries again
-            log.warning("outbox %s not published: %s", row.id, exc)
-            break
-        row.sent_at = db_now()
-        row.publish_count = (row.publish_count or 0) + 1
-        published += 1
-    return published
 
-
-def publish_admitted(app: Any, outbox_id: str, task_name: str, args: list[Any]) -> bool:
-    """The fast path right after submit commits: publish, then mark the row sent.
-
-    Marking is not worth an fsync: if it is lost, the sweep publishes a duplicate,
-    which the claim ignores. A broker error leaves the row to the sweep.
-    """
+def publish(app: Any, messages: Sequence[Message]) -> bool:
+    """Send every message in one pipeline; False on any broker error (nothing is lost:
+    the caller un-marks the rows for the sweep)."""
     try:
-        # No result subscription: outcomes live in SQL, and subscribing to a Redis that
-        # is down retries for about 20 s before the publish is even tried.
-        app.send_task(task_name, args=args, task_id=outbox_id, queue=QUEUE, ignore_result=True)
+        send_starts(app, messages)
     except Exception as exc:  # noqa: BLE001 - any broker error: the sweep tries again
-        log.warning("outbox %s left to the sweep: %s", outbox_id, exc)
+        log.warning("%d start message(s) left to the sweep: %s", len(messages), exc)
         return False
-    with session_scope() as session:
-        if is_postgres(session):
-            session.execute(sa.text("SET LOCAL synchronous_commit = off"))
-        session.execute(sa.update(Outbox).where(Outbox.id == outbox_id,
-                                                Outbox.sent_at.is_(None))
-                        .values(sent_at=db_now(), publish_count=Outbox.publish_count + 1))
     return True
 
 
-def publish_due(app: Any, *, ids: Sequence[str] | None = None, limit: int = 200) -> int:
-    """Publish unsent rows that are due. Broker errors leave rows unsent for the next sweep."""
+def _unmark(ids: Sequence[str]) -> None:
+    """Give rows whose publish failed back to the next sweep (best effort)."""
+    try:
+        with session_scope() as session:
+            session.execute(sa.update(Outbox).where(Outbox.id.in_(list(ids)))
+                            .values(sent_at=None, publish_count=Outbox.publish_count - 1))
+    except Exception as exc:  # noqa: BLE001 - resend_stale still finds them
+        log.warning("outbox rows not un-marked (%s); the resend will publish them", exc)
+
+
+def publish_admitted(app: Any, messages: Sequence[Message]) -> bool:
+    """Right after admission commits: its rows were written already marked sent."""
+    if publish(app, messages):
+        return True
+    _unmark([task_id for task_id, _, _ in messages])
+    return False
+
+
+def _claim_and_publish(app: Any, chosen: sa.Select[Any]) -> int:
+    """Mark the chosen rows sent (one UPDATE ... RETURNING), commit, then publish."""
     with session_scope() as session:
-        stmt = (
-            sa.select(Outbox)
-            .where(Outbox.sent_at.is_(None), Outbox.available_at <= db_now())
-            .order_by(Outbox.available_at)
-            .limit(limit)
-        )
-        if ids is not None:
-            stmt = stmt.where(Outbox.id.in_(list(ids)))
         if is_postgres(session):
-            stmt = stmt.with_for_update(skip_locked=True)
-        return _publish(app, list(session.scalars(stmt)))
+            chosen = chosen.with_for_update(of=Outbox, skip_locked=True)
+        claimed = session.execute(
+            sa.update(Outbox).where(Outbox.id.in_(chosen.scalar_subquery()))
+            .values(sent_at=db_now(), publish_count=Outbox.publish_count + 1)
+            .returning(Outbox.id, Outbox.task_name, Outbox.args, Outbox.available_at)
+        ).all()
+    messages = [(row.id, row.task_name, list(row.args))
+                for row in sorted(claimed, key=lambda r: r.available_at)]
+    if publish(app, messages):
+        return len(messages)
+    _unmark([m[0] for m in messages])
+    return 0
+
+
+def publish_due(app: Any, *, ids: Sequence[str] | None = None, limit: int = 200) -> int:
+    """Publish up to `limit` unsent rows that are due; returns how many were published."""
+    stmt = (sa.select(Outbox.id)
+            .where(Outbox.sent_at.is_(None), Outbox.available_at <= db_now())
+            .order_by(Outbox.available_at).limit(limit))
+    if ids is not None:
+        stmt = stmt.where(Outbox.id.in_(list(ids)))
+    return _claim_and_publish(app, stmt)
 
 
 def resend_stale(app: Any, *, after_s: float, limit: int = 200) -> int:
     """Re-publish the start of runs still queued long after it was sent.
 
-    A broker that lost its messages (a Redis restart) must not strand a run. The
-    wait doubles with each resend so a long but healthy backlog is not flooded.
+    A broker that lost its messages (a Redis restart) must not strand a run, nor may a
+    submitter that died before its publish. The wait doubles with each resend so a long
+    but healthy backlog is not flooded.
     """
     newer = sa.orm.aliased(Outbox)
-    with session_scope() as session:
-        # Doubling per resend, capped at 2**6; CASE reads the same on both backends.
-        exponent = sa.case((Outbox.publish_count > 6, 6), else_=Outbox.publish_count)
-        backoff = after_s * sa.func.power(2, exponent)
-        stmt = (
-            sa.select(Outbox)
-            .join(Run, Run.id == Outbox.run_id)
-            .where(
-                Run.status == QUEUED,
-                Outbox.sent_at.is_not(None),
-                Outbox.sent_at < db_now(-backoff),
-                # Only the newest row of a run matters; older ones were for earlier deferrals.
-                ~sa.exists().where(newer.run_id == Outbox.run_id,
-                                   newer.created_at > Outbox.created_at),
-            )
-            .order_by(Outbox.sent_at)
-            .limit(limit)
+    # Doubling per resend, capped at 2**6; CASE reads the same on both backends.
+    exponent = sa.case((Outbox.publish_count > 6, 6), else_=Outbox.publish_count)
+    backoff = after_s * sa.func.power(2, exponent)
+    stmt = (
+        sa.select(Outbox.id)
+        .join(Run, Run.id == Outbox.run_id)
+        .where(
+            Run.status == QUEUED,
+            Outbox.sent_at.is_not(None),
+            Outbox.sent_at < db_now(-backoff),
+            # Only the newest row of a run matters; older ones were for earlier deferrals.
+            ~sa.exists().where(newer.run_id == Outbox.run_id,
+                               newer.created_at > Outbox.created_at),
         )
-        if is_postgres(session):
-            stmt = stmt.with_for_update(of=Outbox, skip_locked=True)
-        return _publish(app, list(session.scalars(stmt)))
+        # Oldest queued runs first: the partial index on queued runs' created_at drives
+        # the walk, so the cost follows the queue, not the history of sent rows.
+        .order_by(Run.created_at)
+        .limit(limit)
+    )
+    return _claim_and_publish(app, stmt)

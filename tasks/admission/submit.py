@@ -1,30 +1,40 @@
-"""submit_run: one transaction writes bundle, run, `run.admitted` and the outbox row."""
+"""Admission: runs, their `run.admitted` events and outbox rows, committed in one transaction.
+
+`admit_many` validates every item first: one bad item refuses the whole batch before
+anything is written, and the error (the same class and code submit_run raises) names
+the item's index. A key repeated inside the batch, or already used by the org, gives
+back the earlier run and writes nothing for it.
+"""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from models import Outbox, PlayBundle, Run, db_now
-from tasks import ledger, metrics
+from models import Outbox, db_now
+from tasks import metrics
+from tasks.admission import rows
 from tasks.admission.validate import (
+    PlaySource,
     check_idempotency_key,
     check_input,
     check_org_id,
     load_play,
 )
-from tasks.constants import EV_ADMITTED, QUEUED, TASK_START_ATTEMPT
-from tasks.db import after_commit, is_postgres, session_scope
+from tasks.constants import MAX_SUBMIT_BATCH, TASK_START_ATTEMPT
+from tasks.db import get_engine
+from tasks.errors import InputInvalidError, PlayrunError
 
 log = logging.getLogger("playrun.admission")
+
+_ITEM_KEYS = frozenset({"play", "input", "org_id", "idempotency_key"})
 
 
 @dataclass(frozen=True)
@@ -32,21 +42,6 @@ class Admitted:
     run_id: str
     created: bool
     outbox_id: str | None
-
-
-def _existing(session: Session, org_id: str, key: str) -> str | None:
-    return session.scalar(
-        sa.select(Run.id).where(Run.org_id == org_id, Run.idempotency_key == key)
-    )
-
-
-def _insert_bundle(session: Session, digest: str, source: str) -> None:
-    insert = pg_insert if is_postgres(session) else sqlite_insert
-    session.execute(
-        insert(PlayBundle)
-        .values(digest=digest, source=source, size=len(source.encode()))
-        .on_conflict_do_nothing(index_elements=["digest"])
-    )
 
 
 def enqueue_start(session: Session, run_id: str, *, delay_s: float = 0.0) -> str:
@@ -59,38 +54,110 @@ def enqueue_start(session: Session, run_id: str, *, delay_s: float = 0.0) -> str
     return outbox_id
 
 
-def admit(play: str | Path, input: Any, org_id: str, idempotency_key: str | None) -> Admitted:
-    """Validate everything (tasks.admission.validate), then write it in one transaction."""
-    org_id = check_org_id(org_id)
-    idempotency_key = check_idempotency_key(idempotency_key)
+def _check(play: Any, input: Any, org_id: Any, idempotency_key: Any,
+           plays: dict[Any, PlaySource]) -> rows.NewRun:
+    """submit_run's checks, in its order; a play path read once per batch."""
+    org = check_org_id(org_id)
+    key = check_idempotency_key(idempotency_key)
     value = check_input(input)
-    bundle = load_play(play)
+    cache_key = (type(play), play) if isinstance(play, (str, Path)) else None
+    bundle = plays.get(cache_key) if cache_key is not None else None
+    if bundle is None:
+        bundle = load_play(play)
+        if cache_key is not None:
+            plays[cache_key] = bundle
+    return rows.NewRun(org, key, value, bundle)
+
+
+def _check_item(index: int, item: Any, plays: dict[Any, PlaySource]) -> rows.NewRun:
     try:
-        with session_scope() as session:
-            if idempotency_key is not None:
-                found = _existing(session, org_id, idempotency_key)
-                if found is not None:
-                    return Admitted(found, created=False, outbox_id=None)
-            _insert_bundle(session, bundle.digest, bundle.source)
-            run = Run(
-                org_id=org_id, play_path=bundle.path, play_digest=bundle.digest,
-                idempotency_key=idempotency_key, input=value, status=QUEUED,
-                current_generation=0, deferral_count=0, deferral_total_ms=0,
-            )
-            session.add(run)
-            session.flush()
-            ledger.append(session, run.id, EV_ADMITTED,
-                          {"play_digest": bundle.digest, "idempotency_key": idempotency_key,
-                           "play_path": bundle.path})
-            outbox_id = enqueue_start(session, run.id)
-            after_commit(session, metrics.run_admitted)
-            return Admitted(run.id, created=True, outbox_id=outbox_id)
+        if not isinstance(item, Mapping):
+            raise InputInvalidError(f"must be a dict, not {type(item).__name__}")
+        unknown = [k for k in item if k not in _ITEM_KEYS]
+        if unknown:
+            raise InputInvalidError(f"unknown field {str(unknown[0])[:60]!r}; "
+                                    f"fields are {', '.join(sorted(_ITEM_KEYS))}")
+        for required in ("play", "org_id"):
+            if required not in item:
+                raise InputInvalidError(f"needs {required!r}")
+        return _check(item["play"], item.get("input"), item["org_id"],
+                      item.get("idempotency_key"), plays)
+    except PlayrunError as exc:
+        refused = type(exc)(f"submit_runs item {index}: {exc.message}")
+        refused.item = index
+        raise refused from exc
+
+
+def check_items(items: Any) -> list[rows.NewRun]:
+    """Every item checked before any is written (a bad one refuses the batch)."""
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
+        raise InputInvalidError(f"submit_runs takes a list of dicts, not {type(items).__name__}")
+    if len(items) > MAX_SUBMIT_BATCH:
+        raise InputInvalidError(f"submit_runs got {len(items)} items; "
+                                f"the limit is {MAX_SUBMIT_BATCH} per call")
+    plays: dict[Any, PlaySource] = {}
+    return [_check_item(i, item, plays) for i, item in enumerate(items)]
+
+
+def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted]:
+    # A key repeated inside the batch maps to its first occurrence: written once.
+    first: dict[tuple[str, str], int] = {}
+    unique: list[rows.NewRun] = []
+    slot: list[int] = []
+    for item in items:
+        if item.idempotency_key is None:
+            slot.append(len(unique))
+            unique.append(item)
+            continue
+        pair = (item.org_id, item.idempotency_key)
+        if pair not in first:
+            first[pair] = len(unique)
+            unique.append(item)
+        slot.append(first[pair])
+    engine = get_engine()
+    if engine.dialect.name == "postgresql":
+        # The write is one statement, so autocommit makes it one transaction and one
+        # round trip (no BEGIN, no COMMIT); the lookup of earlier keys only reads.
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            written = rows.write(conn, unique, handed_off=handed_off)
+    else:
+        with engine.begin() as conn:  # BEGIN IMMEDIATE (tasks.db): the write lock
+            written = rows.write(conn, unique, handed_off=handed_off)
+    seen: set[int] = set()
+    out = []
+    for s in slot:
+        w = written[s]
+        out.append(Admitted(w.run_id, w.created and s not in seen,
+                            w.outbox_id if s not in seen else None))
+        seen.add(s)
+    return out
+
+
+def write_admitted(items: Sequence[rows.NewRun], *, handed_off: bool) -> list[Admitted]:
+    """One transaction for the whole batch; `handed_off` marks the outbox rows as being
+    published by this process right after commit (relay.publish_admitted)."""
+    if not items:
+        return []
+    try:
+        admitted = _write_once(items, handed_off)
     except sa.exc.IntegrityError:
-        # A concurrent submit with the same key won the unique constraint: return its run.
-        if idempotency_key is None:
+        # A concurrent admission with one of our keys won the unique index while we wrote:
+        # once it has committed, a second pass finds its run.
+        if all(item.idempotency_key is None for item in items):
             raise
-        with session_scope() as session:
-            found = _existing(session, org_id, idempotency_key)
-        if found is None:
-            raise
-        return Admitted(found, created=False, outbox_id=None)
+        admitted = _write_once(items, handed_off)
+    # Counted once committed, and only the runs this call created.
+    metrics.runs_admitted(sum(1 for a in admitted if a.created))
+    return admitted
+
+
+def admit(play: str | Path, input: Any, org_id: str, idempotency_key: str | None, *,
+          handed_off: bool = False) -> Admitted:
+    """Validate one run (tasks.admission.validate), then write it in one transaction."""
+    item = _check(play, input, org_id, idempotency_key, {})
+    return write_admitted([item], handed_off=handed_off)[0]
+
+
+def admit_many(items: Any, *, handed_off: bool = False) -> list[Admitted]:
+    return write_admitted(check_items(items), handed_off=handed_off)

@@ -43,6 +43,10 @@ from tasks.settlement.terminal import settle_forced
 
 log = logging.getLogger("playrun.reaper")
 
+# Rows each step of a pass looks at: the next pass takes the rest, so a pass costs the
+# same whatever the backlog (the partial indexes of migration 0006 keep each read small).
+BATCH = 200
+
 
 @dataclass
 class ReapReport:
@@ -54,7 +58,7 @@ class ReapReport:
     receipts_released: int = 0
 
 
-def expire_reservations() -> int:
+def expire_reservations(limit: int = BATCH) -> int:
     """Reservations that never went live give their slot back.
 
     Each one locks its run row first, the order every fenced write takes (a promotion holds
@@ -65,6 +69,7 @@ def expire_reservations() -> int:
         due = session.execute(
             sa.select(CapacityLease.id, CapacityLease.run_id)
             .where(CapacityLease.state == RESERVED, CapacityLease.expires_at < db_now())
+            .order_by(CapacityLease.expires_at).limit(limit)
         ).all()
     expired = 0
     for lease_id, run_id in due:
@@ -152,8 +157,10 @@ def resend_cancels(settings: Settings) -> int:
             sa.select(Attempt.run_id, Attempt.host_queue).join(Run, Run.id == Attempt.run_id)
             .where(Attempt.state == ATTEMPT_ACTIVE, Attempt.generation == Run.current_generation,
                    Attempt.runner_started_at.is_not(None),
+                   # Implied by the active attempt; lets the run's status index drive.
+                   Run.status.not_in(TERMINAL_STATUSES),
                    Run.cancel_requested_at < db_now(-settings.heartbeat_timeout_s))
-            .limit(200)).all()
+            .limit(BATCH)).all()
     for run_id, queue in rows:
         send(TASK_CANCEL_ATTEMPT, [run_id], queue or QUEUE)
     return len(rows)
@@ -164,7 +171,7 @@ def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
         run_ids = list(session.scalars(
             sa.select(Attempt.run_id).join(Run, Run.id == Attempt.run_id).where(
                 Attempt.state == ATTEMPT_ACTIVE, Attempt.lease_expires_at < db_now(),
-                Attempt.generation == Run.current_generation).limit(200)))
+                Attempt.generation == Run.current_generation).limit(BATCH)))
     for run_id in run_ids:
         try:
             adopted = _adopt(run_id, settings)
@@ -175,10 +182,7 @@ def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
             note_failure(run_id, exc, "the reaper's recovery")
 
 
-RELEASE_BATCH = 100
-
-
-def retry_releases(report: ReapReport, grace_s: float = 0.0) -> None:
+def retry_releases(report: ReapReport, grace_s: float = 0.0, limit: int = BATCH) -> None:
     """Sandboxes and leases whose holder is no longer the active attempt's holder, a batch
     at a time, once their attempt ended `grace_s` ago (its own release task is usually
     still on its way before that)."""
@@ -197,7 +201,7 @@ def retry_releases(report: ReapReport, grace_s: float = 0.0) -> None:
                                             Attempt.generation == model.generation))
                 .where(held, settled_a_while,
                        sa.tuple_(model.run_id, model.generation, holder).not_in(current))
-                .limit(RELEASE_BATCH)
+                .limit(limit)
             ).all():
                 found.add((run_id, generation, token))
     here = host_queue()

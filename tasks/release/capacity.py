@@ -9,30 +9,50 @@ from tasks import ledger
 from tasks.constants import EV_CAPACITY_RELEASED
 from tasks.constants import LEASE_HELD as HELD
 from tasks.constants import LEASE_RELEASED as RELEASED
-from tasks.db import session_scope
+from tasks.db import get_engine, session_scope
 from tasks.fence import lock_run
+
+# One statement, so in autocommit it is one transaction and one round trip. The run row
+# is locked first, as every writer here does, so this never deadlocks with a promote:
+# no lease row is updated before the join has produced the (locked) run row.
+_PG_RELEASE = f"""
+WITH run AS (
+    SELECT id FROM runs WHERE id = %(run)s FOR UPDATE
+), released AS (
+    UPDATE capacity_leases AS l SET state = '{RELEASED}', released_at = clock_timestamp()
+    FROM run
+    WHERE l.run_id = run.id AND l.generation = %(gen)s
+      AND l.state IN ({", ".join(f"'{s}'" for s in HELD)})
+      AND (%(token)s::varchar IS NULL OR l.holder_token = %(token)s::varchar)
+    RETURNING l.id
+), events AS (
+    INSERT INTO run_events (run_id, generation, kind, data)
+    SELECT %(run)s, %(gen)s, '{EV_CAPACITY_RELEASED}', jsonb_build_object('lease_id', id)
+    FROM released
+)
+SELECT id FROM released
+"""
 
 
 def release_lease(run_id: str, generation: int, token: str | None = None) -> list[str]:
     """Release what the holder with `token` (any holder if None) still holds; each
     release is recorded once."""
+    engine = get_engine()
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            return list(conn.exec_driver_sql(_PG_RELEASE, {
+                "run": run_id, "gen": generation, "token": token}).scalars())
     with session_scope() as session:
-        # Run row first, like every writer here, so this never deadlocks with a promote.
         lock_run(session, run_id)
         cond = [CapacityLease.run_id == run_id, CapacityLease.generation == generation,
                 CapacityLease.state.in_(HELD)]
         if token is not None:
             cond.append(CapacityLease.holder_token == token)
-        ids = list(session.scalars(sa.select(CapacityLease.id).where(*cond)))
-        released = []
-        for lease_id in ids:
-            changed = session.execute(
-                sa.update(CapacityLease)
-                .where(CapacityLease.id == lease_id, CapacityLease.state.in_(HELD))
-                .values(state=RELEASED, released_at=db_now())
-            ).rowcount  # type: ignore[attr-defined]
-            if changed:
-                ledger.append(session, run_id, EV_CAPACITY_RELEASED, {"lease_id": lease_id},
-                              generation)
-                released.append(lease_id)
+        released = list(session.scalars(sa.update(CapacityLease).where(*cond)
+                                        .values(state=RELEASED, released_at=db_now())
+                                        .returning(CapacityLease.id)))
+        for lease_id in released:
+            ledger.append(session, run_id, EV_CAPACITY_RELEASED, {"lease_id": lease_id},
+                          generation)
     return released

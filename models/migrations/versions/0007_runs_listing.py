@@ -1,11 +1,8 @@
 """runs listing: keyset indexes on (created_at, id), for all orgs and per org
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-01 13:40:00
-
-Numbered 0007 because 0006 is taken by another branch; when both are merged this
-revision's down_revision becomes '0006'.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = '0007'
-down_revision = '0005'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

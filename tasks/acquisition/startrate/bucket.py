@@ -1,9 +1,10 @@
 """The fleet-wide sandbox start-rate bucket in Redis (SPEC 4.3).
 
 One Lua script per operation (``lua/acquire.lua``, ``penalize.lua``, ``inspect.lua``),
-each atomic, with Redis ``TIME`` as the clock. A bucket's rules live in one hash each,
-``<prefix>{<bucket>}:rule:<name>``: the braces are a hash tag, so every key a script
-touches sits in one slot and the scripts run on Redis Cluster.
+each atomic, with Redis ``TIME`` as the clock; ``lua/prelude.lua`` (the clock and the
+read of a rule's hash) is put in front of each when it is loaded. A bucket's rules live
+in one hash each, ``<prefix>{<bucket>}:rule:<name>``: the braces are a hash tag, so
+every key a script touches sits in one slot and the scripts run on Redis Cluster.
 
 Redis trouble never reaches the caller: on any Redis error the limiter hands out a
 ``degraded`` permit from a per-process in-memory GCRA at the initial rate (or the
@@ -65,10 +66,19 @@ class Script:
     sha: str
 
 
+def _lua(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
 @cache
 def load_script(name: str) -> Script:
-    """Read a script once from the package; its SHA1 is computed locally, no round trip."""
-    body = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+    """Read a script (after the shared prelude) once; its SHA1 is computed locally.
+
+    redis-py's register_script does the same EVALSHA-then-load, but it needs a real
+    client (the limiter also takes test fakes) and hides the NOSCRIPT reloads the
+    limiter counts; _run keeps that one rule: only NOSCRIPT (nothing ran) re-sends.
+    """
+    body = _lua("prelude") + _lua(name)
     return Script(name, body, hashlib.sha1(body.encode("utf-8")).hexdigest())
 
 
@@ -94,6 +104,20 @@ def no_retry_client(client: redis.Redis, socket_timeout_s: float) -> redis.Redis
 @lru_cache(maxsize=1024)
 def _params(rule: RateRule) -> maths.Params:
     return maths.params_of(rule)
+
+
+@lru_cache(maxsize=1024)
+def _rule_argv(rule: RateRule, script: str) -> tuple[str, ...]:
+    """A rule's ARGV for one script: only the numbers that script reads."""
+    p = _params(rule)
+    if script == "acquire":
+        values: tuple[int, ...] = (p.initial_mpm, p.max_mpm, p.floor_mpm, p.increase_mpm,
+                                   p.fixed_mpm)
+    elif script == "penalize":
+        values = (p.initial_mpm, p.max_mpm, p.floor_mpm, p.decrease_ppm, p.fixed_mpm)
+    else:
+        values = (p.initial_mpm, p.max_mpm, p.floor_mpm, p.fixed_mpm)
+    return tuple(str(v) for v in values)
 
 
 @lru_cache(maxsize=1024)
@@ -146,7 +170,7 @@ class StartRateLimiter:
     def acquire(
         self, bucket: str, rules: Sequence[RateRule], observed_successes: int = 1,
     ) -> Permit:
-        keys, rule_argv = self._prepare(bucket, rules)
+        keys, rule_argv = self._prepare(bucket, rules, "acquire")
         if self._redis_skipped():
             return self.fallback.acquire(bucket, rules, observed_successes)
         args = [self._now_arg(), str(self.horizon_ms * 1000), str(self.idle_ttl_ms),
@@ -168,7 +192,7 @@ class StartRateLimiter:
     def penalize_detail(
         self, bucket: str, rules: Sequence[RateRule], permit_epoch: int, cooldown_ms: int,
     ) -> Penalty:
-        keys, rule_argv = self._prepare(bucket, rules)
+        keys, rule_argv = self._prepare(bucket, rules, "penalize")
         if self._redis_skipped():
             return self.fallback.penalize(bucket, rules, permit_epoch, cooldown_ms)
         args = [self._now_arg(), str(self.idle_ttl_ms), str(int(permit_epoch)),
@@ -183,7 +207,7 @@ class StartRateLimiter:
 
     def inspect(self, bucket: str, rules: Sequence[RateRule]) -> list[RuleState]:
         """Each rule's rate, epoch, TAT and cooldown end; read-only."""
-        keys, rule_argv = self._prepare(bucket, rules)
+        keys, rule_argv = self._prepare(bucket, rules, "inspect")
         if self._redis_skipped():
             return self.fallback.inspect(bucket, rules)
         try:
@@ -209,9 +233,10 @@ class StartRateLimiter:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _prepare(self, bucket: str, rules: Sequence[RateRule]) -> tuple[list[str], list[str]]:
+    def _prepare(self, bucket: str, rules: Sequence[RateRule],
+                 script: str) -> tuple[list[str], list[str]]:
         keys = _keys(self.prefix, bucket, tuple(rule.name for rule in rules))
-        argv = [str(v) for rule in rules for v in _params(rule).argv()]
+        argv = [v for rule in rules for v in _rule_argv(rule, script)]
         return list(keys), argv
 
     def _now_arg(self) -> str:

@@ -1,0 +1,189 @@
+"""The rows of an admission: bundles, runs, `run.admitted` events and outbox rows, many at once.
+
+On PostgreSQL one statement writes everything: arrays go in as parameters, `unnest`
+turns them into rows, and data-modifying CTEs insert bundles, runs, events and outbox
+rows (the statement text does not grow with the batch, so its plan is reused). On
+SQLite, which has no data-modifying CTEs, four multi-row INSERTs do the same in the
+caller's BEGIN IMMEDIATE transaction. On PostgreSQL the caller may run the write in
+autocommit: a single statement is a transaction of its own. A key already used by the
+org inserts nothing (ON CONFLICT DO NOTHING); its earlier run is looked up afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from models import Outbox, PlayBundle, Run, RunEvent, db_now, new_id
+from tasks.admission.validate import PlaySource
+from tasks.constants import EV_ADMITTED, QUEUED, TASK_START_ATTEMPT
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """One validated run to admit (its org's key unique within the batch)."""
+
+    org_id: str
+    idempotency_key: str | None
+    input: Any
+    play: PlaySource
+
+
+@dataclass(frozen=True)
+class Written:
+    run_id: str
+    created: bool
+    outbox_id: str | None
+
+
+def _event_data(item: NewRun) -> dict[str, Any]:
+    return {"play_digest": item.play.digest, "idempotency_key": item.idempotency_key,
+            "play_path": item.play.path}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+# The statement sets sent_at at insert when the admitting process publishes right after
+# commit (handed_off): no second transaction to mark it. If that process dies before it
+# publishes, the sweep's resend of long-queued runs picks the row up (relay.resend_stale).
+_PG_WRITE = f"""
+WITH items AS (
+    SELECT * FROM unnest(%(id)s::varchar[], %(org)s::varchar[], %(path)s::varchar[],
+                         %(digest)s::varchar[], %(key)s::varchar[], %(input)s::jsonb[],
+                         %(event)s::jsonb[], %(outbox)s::varchar[])
+        AS t(id, org_id, play_path, play_digest, idempotency_key, input, event, outbox_id)
+), bundles AS (
+    INSERT INTO play_bundles (digest, source, size)
+    SELECT * FROM unnest(%(b_digest)s::varchar[], %(b_source)s::text[], %(b_size)s::int[])
+    ON CONFLICT (digest) DO NOTHING
+), inserted AS (
+    INSERT INTO runs (id, org_id, play_path, play_digest, idempotency_key, input, status,
+                      current_generation, deferral_count, deferral_total_ms)
+    SELECT id, org_id, play_path, play_digest, idempotency_key, input, '{QUEUED}', 0, 0, 0
+    FROM items
+    ON CONFLICT (org_id, idempotency_key) DO NOTHING
+    RETURNING id
+), events AS (
+    INSERT INTO run_events (run_id, kind, data)
+    SELECT items.id, '{EV_ADMITTED}', items.event FROM items JOIN inserted USING (id)
+), outbox_rows AS (
+    INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count)
+    SELECT items.outbox_id, items.id, '{TASK_START_ATTEMPT}', jsonb_build_array(items.id),
+           CASE WHEN %(handed_off)s THEN clock_timestamp() END,
+           CASE WHEN %(handed_off)s THEN 1 ELSE 0 END
+    FROM items JOIN inserted USING (id)
+)
+SELECT id FROM inserted
+"""
+
+_PG_EXISTING = """
+SELECT r.org_id, r.idempotency_key, r.id FROM runs r
+JOIN unnest(%(org)s::varchar[], %(key)s::varchar[]) AS k(org_id, idempotency_key)
+  ON r.org_id = k.org_id AND r.idempotency_key = k.idempotency_key
+"""
+
+
+def _bundles(items: Sequence[NewRun]) -> dict[str, PlaySource]:
+    return {item.play.digest: item.play for item in items}
+
+
+def _write_pg(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
+              outbox_ids: list[str], handed_off: bool) -> set[str]:
+    bundles = list(_bundles(items).values())
+    params = {
+        "id": ids, "org": [i.org_id for i in items], "path": [i.play.path for i in items],
+        "digest": [i.play.digest for i in items],
+        "key": [i.idempotency_key for i in items],
+        "input": [_dumps(i.input) for i in items],
+        "event": [_dumps(_event_data(i)) for i in items], "outbox": outbox_ids,
+        "b_digest": [b.digest for b in bundles], "b_source": [b.source for b in bundles],
+        "b_size": [len(b.source.encode()) for b in bundles], "handed_off": handed_off,
+    }
+    rows = conn.exec_driver_sql(_PG_WRITE, params)
+    return {row[0] for row in rows}
+
+
+# Rows per multi-row INSERT: 10 columns each stays far below SQLite's 32766 variables.
+_SQLITE_CHUNK = 500
+
+
+def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
+                  outbox_ids: list[str], handed_off: bool) -> set[str]:
+    conn.execute(sqlite_insert(PlayBundle).on_conflict_do_nothing(index_elements=["digest"]),
+                    [{"digest": b.digest, "source": b.source, "size": len(b.source.encode())}
+                     for b in _bundles(items).values()])
+    inserted: set[str] = set()
+    rows = [{"id": run_id, "org_id": item.org_id, "play_path": item.play.path,
+             "play_digest": item.play.digest, "idempotency_key": item.idempotency_key,
+             "input": item.input, "status": QUEUED, "current_generation": 0,
+             "deferral_count": 0, "deferral_total_ms": 0}
+            for item, run_id in zip(items, ids, strict=True)]
+    for start in range(0, len(rows), _SQLITE_CHUNK):
+        # RETURNING names only the rows ON CONFLICT let through.
+        inserted.update(conn.scalars(
+            sqlite_insert(Run).values(rows[start:start + _SQLITE_CHUNK])
+            .on_conflict_do_nothing(index_elements=["org_id", "idempotency_key"])
+            .returning(Run.id)))
+    new = [(item, run_id, outbox_id)
+           for item, run_id, outbox_id in zip(items, ids, outbox_ids, strict=True)
+           if run_id in inserted]
+    if new:
+        conn.execute(sa.insert(RunEvent), [
+            {"run_id": run_id, "kind": EV_ADMITTED, "data": _event_data(item)}
+            for item, run_id, _ in new])
+        conn.execute(sa.insert(Outbox).values(sent_at=db_now() if handed_off else None), [
+            {"id": outbox_id, "run_id": run_id, "task_name": TASK_START_ATTEMPT,
+             "args": [run_id], "publish_count": 1 if handed_off else 0}
+            for _, run_id, outbox_id in new])
+    return inserted
+
+
+def _existing(conn: sa.Connection, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    if not pairs:
+        return {}
+    if conn.dialect.name == "postgresql":
+        rows = conn.exec_driver_sql(
+            _PG_EXISTING, {"org": [o for o, _ in pairs], "key": [k for _, k in pairs]})
+    else:
+        rows = conn.execute(sa.select(Run.org_id, Run.idempotency_key, Run.id).where(
+            sa.tuple_(Run.org_id, Run.idempotency_key).in_(pairs)))
+    return {(org, key): run_id for org, key, run_id in rows}
+
+
+def write(conn: sa.Connection, items: Sequence[NewRun], *, handed_off: bool) -> list[Written]:
+    """Insert every run whose key is new; the others come back as created=False.
+
+    Items are written in (org, key) order so two batches that share keys take the
+    unique-index locks in one order and never deadlock.
+    """
+    order = sorted(range(len(items)), key=lambda i: (items[i].org_id,
+                                                     items[i].idempotency_key or ""))
+    ordered = [items[i] for i in order]
+    ids = [new_id() for _ in ordered]
+    outbox_ids = [str(uuid.uuid4()) for _ in ordered]
+    writer = _write_pg if conn.dialect.name == "postgresql" else _write_sqlite
+    inserted = writer(conn, ordered, ids, outbox_ids, handed_off)
+    missing = [(item.org_id, item.idempotency_key) for item, run_id in zip(ordered, ids,
+                                                                            strict=True)
+               if run_id not in inserted and item.idempotency_key is not None]
+    earlier = _existing(conn, missing)
+    out: list[Written | None] = [None] * len(items)
+    for pos, item, run_id, outbox_id in zip(order, ordered, ids, outbox_ids, strict=True):
+        if run_id in inserted:
+            out[pos] = Written(run_id, True, outbox_id)
+            continue
+        found = earlier.get((item.org_id, item.idempotency_key or ""))
+        if found is None:
+            # Only a concurrent batch still in flight can cause this: the caller retries.
+            raise sa.exc.IntegrityError("admission", None, Exception(
+                f"run with key {item.idempotency_key!r} is being admitted concurrently"))
+        out[pos] = Written(found, False, None)
+    return [w for w in out if w is not None]

@@ -25,8 +25,8 @@ import pytest
 import tasks
 from tasks.errors import ConfigurationError
 from tasks.sandbox import LocalProvider, SandboxSpec
-from tasks.sandbox import local as local_mod
 from tasks.sandbox import supervisor as sup
+from tasks.sandbox.local import isolation as isolation_mod
 from tasks.settings import Settings, get_settings
 from tests.conftest import BASE_ENV, PLAYS, ROOT, SANDBOX_ROOT, TEST_PG_URL, Worker, worker_env
 from tests.helpers import eventually, kinds
@@ -41,7 +41,7 @@ MAX_PROCESSES = 64
 
 
 def _strict_available() -> str | None:
-    return local_mod.probe_strict(get_settings(), SANDBOX_ROOT)
+    return isolation_mod.probe_strict(get_settings(), SANDBOX_ROOT)
 
 
 if _strict_available():
@@ -354,14 +354,14 @@ def test_the_gateway_socket_env_points_inside_the_sandbox(tmp_path: Path) -> Non
 def test_strict_refuses_to_start_where_bubblewrap_is_missing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(local_mod, "_probes", {})
-    monkeypatch.setattr(local_mod.shutil, "which", lambda name, *a, **k: None)
+    monkeypatch.setattr(isolation_mod, "_probes", {})
+    monkeypatch.setattr(isolation_mod.shutil, "which", lambda name, *a, **k: None)
     strict = Settings(sandbox_isolation="strict", sandbox_root=tmp_path)
     with pytest.raises(ConfigurationError, match="bubblewrap is not installed"):
-        local_mod.check_isolation(strict)
+        isolation_mod.check_isolation(strict)
     auto = Settings(sandbox_isolation="auto", sandbox_root=tmp_path)
-    assert local_mod.check_isolation(auto) == "process"
-    assert local_mod.check_isolation(Settings(sandbox_isolation="process")) == "process"
+    assert isolation_mod.check_isolation(auto) == "process"
+    assert isolation_mod.check_isolation(Settings(sandbox_isolation="process")) == "process"
 
 
 def test_a_worker_configured_strict_without_bubblewrap_does_not_start(pg_url: str,

@@ -27,7 +27,9 @@ from tasks.sandbox import (
     get_provider,
 )
 from tasks.sandbox import supervisor as sup
+from tasks.sandbox.local import limits as limits_mod
 from tasks.sandbox.local import pid_namespace_command, probe_strict
+from tasks.sandbox.local.processes import is_live
 from tasks.settings import get_settings
 
 RUNNER = (Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py").read_bytes()
@@ -195,7 +197,7 @@ def test_delete_kills_the_whole_tree(provider: LocalProvider) -> None:
     tops = prov._sandbox_processes(sid)
     assert tops
     prov.delete(sid)
-    assert not any(sup.is_live(pid) for pid in pids | tops)
+    assert not any(is_live(pid) for pid in pids | tops)
     assert not find_pids(tag)
     assert not (prov.root / sid).exists()
     with pytest.raises(SandboxNotFoundError):
@@ -234,7 +236,7 @@ def test_delete_kills_the_tree_of_a_play_that_deleted_its_own_directory(
     assert sid in [ref.sandbox_id for ref in prov.list({"playrun": "1"})]  # GC sees it
     assert prov.poll(sid).state == "running"
     prov.delete(sid)
-    assert not any(sup.is_live(pid) for pid in pids)
+    assert not any(is_live(pid) for pid in pids)
     assert not find_pids(tag)
     assert sid not in [ref.sandbox_id for ref in prov.list({})]
     assert not (prov.control_root / sid).exists()
@@ -302,7 +304,7 @@ def test_another_process_can_poll_and_delete(provider: LocalProvider) -> None:
     proc.join(10)
     assert proc.exitcode == 0
     assert not (provider.root / sid).exists()
-    assert not any(sup.is_live(pid) for pid in tops)
+    assert not any(is_live(pid) for pid in tops)
 
 
 @pytest.mark.parametrize("provider", TREE_MODES, indirect=True)
@@ -340,7 +342,7 @@ def test_missing_when_supervisor_is_killed(provider: LocalProvider) -> None:
     assert wait_for(lambda: provider.poll(sid).state == "missing")
     # The orphaned play is still found (by its sandbox HOME) and killed.
     provider.delete(sid)
-    assert not any(sup.is_live(pid) for pid in pids)
+    assert not any(is_live(pid) for pid in pids)
 
 
 def test_memory_limit_makes_huge_allocation_fail(provider: LocalProvider) -> None:
@@ -413,27 +415,26 @@ def test_cgroup_v2_limits_are_probed_and_written(
 ) -> None:
     """On a stand-in cgroup v2 tree: the probe enables the controllers, the supervisor's
     helpers write the limits and move the namespace's init in (this machine has no v2)."""
-    from tasks.sandbox import local as local_mod
     from tasks.settings import Settings
 
     fake = tmp_path / "cgroup"
     fake.mkdir()
     (fake / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (fake / "cgroup.subtree_control").write_text("")
-    monkeypatch.setattr(local_mod, "CGROUP_ROOT", fake)
-    monkeypatch.setattr(local_mod, "_cgroups", {})
+    monkeypatch.setattr(limits_mod, "CGROUP_ROOT", fake)
+    monkeypatch.setattr(limits_mod, "_cgroups", {})
     delegated = fake / "delegated"
     delegated.mkdir()
     (delegated / "cgroup.controllers").write_text("cpu memory\n")
     (delegated / "cgroup.subtree_control").write_text("")
-    base, said = local_mod.cgroup_base(Settings(sandbox_cgroup=delegated))
+    base, said = limits_mod.cgroup_base(Settings(sandbox_cgroup=delegated))
     assert base is None and "['pids'] not available" in said
     (delegated / "cgroup.controllers").write_text("cpu memory pids\n")
-    monkeypatch.setattr(local_mod, "_cgroups", {})
-    base, said = local_mod.cgroup_base(Settings(sandbox_cgroup=delegated))
+    monkeypatch.setattr(limits_mod, "_cgroups", {})
+    base, said = limits_mod.cgroup_base(Settings(sandbox_cgroup=delegated))
     assert base == delegated and "pids.max" in said
     assert (delegated / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
-    limits = sup.cgroup_limits(256, 32, 0.5)
+    limits = limits_mod.cgroup_limits(256, 32, 0.5)
     assert limits == {"memory.max": str(256 << 20), "memory.swap.max": "0",
                       "pids.max": "32", "cpu.max": "50000 100000"}
     applied = sup.cgroup_enter(base / "lsb-0123456789abcdef", limits, 4242)
@@ -441,9 +442,9 @@ def test_cgroup_v2_limits_are_probed_and_written(
     assert (base / "lsb-0123456789abcdef" / "cgroup.procs").read_text() == "4242"
     assert (base / "lsb-0123456789abcdef" / "pids.max").read_text() == "32"
     # Not root and nothing delegated: not applied, and said so.
-    monkeypatch.setattr(local_mod, "_cgroups", {})
-    monkeypatch.setattr(local_mod.os, "geteuid", lambda: 1000)
-    assert local_mod.cgroup_base(Settings())[0] is None
+    monkeypatch.setattr(limits_mod, "_cgroups", {})
+    monkeypatch.setattr(limits_mod.os, "geteuid", lambda: 1000)
+    assert limits_mod.cgroup_base(Settings())[0] is None
 
 
 def test_legacy_sandboxes_with_their_records_inside_are_listed_and_deleted(

@@ -8,6 +8,10 @@ namespace (or as a subreaper) on the host filesystem; in `strict` isolation it s
 host and runs the child under bubblewrap, so nothing the play does can touch its timer, its
 records or its console log. The provider also imports the /proc helpers below so
 process-tree handling lives in one place.
+
+It stays one file, longer than the ~400-line rule: `python -I` puts no directory on
+sys.path, so it cannot import siblings, and a sandbox created by one release must run
+under its own copy. What only the worker needs lives in tasks/sandbox/local/.
 """
 
 from __future__ import annotations
@@ -64,12 +68,6 @@ def read_cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def is_live(pid: int) -> bool:
-    """True if the pid exists and is not a zombie."""
-    stat = read_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
 def process_table() -> dict[int, int]:
     """pid -> ppid of every live process visible in /proc."""
     table: dict[int, int] = {}
@@ -94,31 +92,6 @@ def subtree(roots: Iterable[int], table: dict[int, int]) -> set[int]:
         if pid not in found:
             found.add(pid)
             stack.extend(children.get(pid, ()))
-    return found
-
-
-def processes_matching(
-    cmdline_part: str, environ_entry: bytes, argv0: str | None = None
-) -> set[int]:
-    """Pids with an argument containing cmdline_part, argv[0] equal to argv0, or exactly
-    environ_entry in their initial environment."""
-    found: set[int] = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        cmdline = read_cmdline(pid)
-        if any(cmdline_part in arg for arg in cmdline) or (
-            argv0 is not None and cmdline[:1] == [argv0]
-        ):
-            found.add(pid)
-            continue
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if environ_entry in environ.split(b"\0"):
-            found.add(pid)
     return found
 
 
@@ -184,43 +157,6 @@ def pidns_of(pid: int) -> int | None:
         return None
 
 
-def find_processes(
-    cmdline_part: str, argv0: str, environ_entry: bytes | None, pidns: int | None
-) -> set[int]:
-    """One pass over /proc: pids with an argument containing cmdline_part, argv[0] equal to
-    argv0, in PID namespace `pidns`, or (when given) exactly environ_entry in their
-    initial environment (the costly check, so last)."""
-    found: set[int] = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        if pidns is not None and pidns_of(pid) == pidns:
-            found.add(pid)
-            continue
-        cmdline = read_cmdline(pid)
-        if cmdline[:1] == [argv0] or any(cmdline_part in arg for arg in cmdline):
-            found.add(pid)
-            continue
-        if environ_entry is not None:
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            if environ_entry in environ.split(b"\0"):
-                found.add(pid)
-    return found
-
-
-def processes_in_pidns(inode: int) -> set[int]:
-    """Every visible pid whose PID namespace is `inode`: a play cannot leave its namespace."""
-    found: set[int] = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and pidns_of(int(entry.name)) == inode:
-            found.add(int(entry.name))
-    return found
-
-
 # --- strict isolation: the bubblewrap command line ---------------------------------------
 
 BWRAP_MARK = "playrun-sandbox:"  # argv[0] of bwrap (and of the namespace's init)
@@ -233,12 +169,6 @@ INNER_GID = 1000
 STAGE = "/tmp"
 CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
-# Run inside the sandbox before the command: the process limit is set from within the
-# sandbox's user namespace, so it counts only this sandbox's processes.
-NPROC_PRELUDE = (
-    "import os,resource,sys;n=int(sys.argv[1]);"
-    "resource.setrlimit(resource.RLIMIT_NPROC,(n,n));os.execvp(sys.argv[2],sys.argv[2:])"
-)
 INFO_WAIT_S = 10.0
 
 
@@ -430,19 +360,6 @@ def read_info(fd: int, within: float = INFO_WAIT_S) -> dict[str, Any] | None:
 
 
 # --- cgroup v2 (where a delegated hierarchy is available) -------------------------------
-
-CGROUP_CPU_PERIOD_US = 100_000
-
-
-def cgroup_limits(memory_mb: int, max_processes: int, cpus: float) -> dict[str, str]:
-    """The interface files a sandbox's cgroup gets: total memory (no swap), processes, CPU."""
-    return {
-        "memory.max": str(int(memory_mb) * 1024 * 1024),
-        "memory.swap.max": "0",
-        "pids.max": str(int(max_processes)),
-        "cpu.max": f"{int(cpus * CGROUP_CPU_PERIOD_US)} {CGROUP_CPU_PERIOD_US}",
-    }
-
 
 def cgroup_enter(path: Path, limits: dict[str, str], pid: int) -> list[str]:
     """Create the sandbox's cgroup, write its limits, move `pid` in (its children follow).

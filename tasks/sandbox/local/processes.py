@@ -1,0 +1,165 @@
+"""Process bookkeeping for local sandboxes: starting a supervisor's process group, reaping
+the ones this process started, and finding and killing everything a sandbox runs, from
+records and /proc entries the play cannot change."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from tasks.sandbox import supervisor as sup
+from tasks.sandbox.base import ProviderError
+from tasks.sandbox.local.records import META_FILE, PROC_FILE, SUPERVISOR_FILE, read_json
+
+DELETE_WAIT_S = 2.0
+POLL_INTERVAL_S = 0.01
+
+_pidns_lock = threading.Lock()
+_pidns_probe: str | None = None  # path of a working `unshare`, "" if unavailable
+# Popen handles of sandboxes this process started, so their exits are reaped (no zombies).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+_children_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A forked worker child is not the parent of these processes and must not reap them;
+    # fresh locks, in case another thread held one at fork time.
+    global _children_lock, _pidns_lock
+    _children.clear()
+    _children_lock = threading.Lock()
+    _pidns_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def pid_namespace_command() -> list[str]:
+    """The unshare prefix for a private PID namespace, or [] if this machine refuses it.
+
+    Probed once per process: root (or user namespaces) plus a mountable /proc are needed.
+    """
+    global _pidns_probe
+    with _pidns_lock:
+        if _pidns_probe is None:
+            _pidns_probe = ""
+            unshare = shutil.which("unshare")
+            if unshare:
+                cmd = [unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "true"]
+                try:
+                    done = subprocess.run(cmd, capture_output=True, timeout=10, check=False)
+                    if done.returncode == 0:
+                        _pidns_probe = unshare
+                except (OSError, subprocess.SubprocessError):
+                    pass
+        if not _pidns_probe:
+            return []
+        return [_pidns_probe, "--pid", "--fork", "--kill-child", "--mount-proc"]
+
+
+def reap_children() -> None:
+    with _children_lock:
+        for pid, proc in builtins.list(_children.items()):
+            if proc.poll() is not None:
+                del _children[pid]
+
+
+def track_child(proc: subprocess.Popen[bytes]) -> None:
+    """Keep the handle of a supervisor this process started, so reap_children reaps it."""
+    with _children_lock:
+        _children[proc.pid] = proc
+
+
+def is_live(pid: int) -> bool:
+    """True if the pid exists and is not a zombie."""
+    stat = sup.read_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def find_processes(
+    cmdline_part: str, argv0: str, environ_entry: bytes | None, pidns: int | None
+) -> set[int]:
+    """One pass over /proc: pids with an argument containing cmdline_part, argv[0] equal to
+    argv0, in PID namespace `pidns`, or (when given) exactly environ_entry in their
+    initial environment (the costly check, so last)."""
+    found: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pidns is not None and sup.pidns_of(pid) == pidns:
+            found.add(pid)
+            continue
+        cmdline = sup.read_cmdline(pid)
+        if cmdline[:1] == [argv0] or any(cmdline_part in arg for arg in cmdline):
+            found.add(pid)
+            continue
+        if environ_entry is not None:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if environ_entry in environ.split(b"\0"):
+                found.add(pid)
+    return found
+
+
+def sandbox_processes(sandbox_id: str, control: Path, path: Path) -> set[int]:
+    """Roots of the sandbox's processes, found from what the play cannot change:
+    the recorded supervisor and PID-namespace init (checked by start time), every
+    process in that PID namespace, whatever runs its supervisor or bwrap (by command
+    line), plus, in process mode, anything started with the sandbox's HOME (a play's
+    processes reparented away after its supervisor was killed)."""
+    found: set[int] = set()
+    for name, pid_key, start_key in ((PROC_FILE, "pid", "starttime"),
+                                     (sup.NS_FILE, "init_pid", "init_starttime")):
+        record = read_json(control / name) or {}
+        pid = record.get(pid_key)
+        if isinstance(pid, int):
+            stat_ = sup.read_stat(pid)
+            if stat_ is not None and stat_[3] == record.get(start_key):
+                found.add(pid)
+    pidns = (read_json(control / sup.NS_FILE) or {}).get("pidns")
+    if pidns in (sup.pidns_of(os.getpid()), sup.pidns_of(1)):
+        pidns = None  # never our own namespace, whatever the record says
+    strict = (read_json(control / META_FILE) or {}).get("isolation") == "strict"
+    found |= find_processes(
+        str(control / SUPERVISOR_FILE),
+        sup.BWRAP_MARK + sandbox_id,
+        None if strict else b"HOME=" + os.fsencode(path),
+        pidns if isinstance(pidns, int) else None,
+    )
+    return found
+
+
+def kill_sandbox(sandbox_id: str, control: Path, path: Path) -> None:
+    """SIGKILL the sandbox's whole process tree and wait (DELETE_WAIT_S) for it to die."""
+    ns = read_json(control / sup.NS_FILE) or {}
+    cgroup = Path(ns["cgroup"]) if isinstance(ns.get("cgroup"), str) else None
+    if cgroup is not None:
+        sup.cgroup_kill(cgroup)
+    init = ns.get("init_pid")
+    if isinstance(init, int):
+        stat_ = sup.read_stat(init)
+        if stat_ is not None and stat_[3] == ns.get("init_starttime"):
+            # The namespace's init: the kernel kills everything in it with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(init, signal.SIGKILL)
+    killed = sup.kill_tree(sandbox_processes(sandbox_id, control, path))
+    deadline = time.monotonic() + DELETE_WAIT_S
+    while True:
+        reap_children()
+        survivors = {pid for pid in killed if is_live(pid)}
+        if not survivors:
+            if cgroup is not None:
+                sup.cgroup_kill(cgroup)  # now empty: removed
+            return
+        if time.monotonic() >= deadline:
+            raise ProviderError(f"sandbox {sandbox_id}: pids {sorted(survivors)} survived")
+        time.sleep(POLL_INTERVAL_S)

@@ -1,0 +1,76 @@
+"""The control record of a local sandbox: `<root>/.control/<sandbox_id>/`, outside the
+sandbox's directory, holding what a worker needs to poll or delete it (meta, PROC and EXIT
+records, the supervisor's copy, the console log), read defensively."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tasks.sandbox import supervisor as sup
+from tasks.sandbox.base import ProcessStatus
+
+CONTROL_ROOT = ".control"  # <root>/.control/<sandbox_id>/: never inside a sandbox
+META_FILE = "meta.json"
+PROC_FILE = "proc.json"
+SUPERVISOR_FILE = "supervisor.py"
+# Copied into each control record at create: the supervisor runs from there.
+SUPERVISOR_SOURCE = Path(sup.__file__).read_bytes()
+# Files of the control record that read_file shows under ".playrun/" (the token never is).
+VISIBLE_CONTROL_FILES = frozenset({sup.CONSOLE_FILE})
+# Half-created or half-deleted directories left by a crash are swept after this long.
+STALE_TMP_S = 600.0
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A record's JSON object, or None when it is missing, unreadable or not an object."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def exit_status(control: Path) -> ProcessStatus | None:
+    """What the supervisor's exit record says, or None before it wrote one."""
+    record = read_json(control / sup.EXIT_FILE)
+    if record is None:
+        return None
+    code = record.get("exit_code")
+    limit = record.get("limit")
+    return ProcessStatus(
+        "exited", code if isinstance(code, int) else None, bool(record.get("timed_out")),
+        limit=str(limit) if limit else None,
+    )
+
+
+def top_alive(control: Path) -> bool:
+    """The recorded top process is alive and really is this sandbox's (not a reused pid)."""
+    record = read_json(control / PROC_FILE)
+    if record is None or not isinstance(record.get("pid"), int):
+        return False
+    pid = record["pid"]
+    stat_ = sup.read_stat(pid)
+    if stat_ is None or stat_[0] in ("Z", "X") or stat_[3] != record.get("starttime"):
+        return False
+    return str(control / SUPERVISOR_FILE) in sup.read_cmdline(pid)
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that also removes entries a play made unwritable (chmod 000 directories)."""
+
+    def fix(_func: Any, target: str, _exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(target), 0o700)
+            if os.path.isdir(target) and not os.path.islink(target):
+                os.chmod(target, 0o700)
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                os.unlink(target)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=fix)

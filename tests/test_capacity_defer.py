@@ -44,6 +44,7 @@ def test_runs_waiting_for_capacity_take_no_start_permit(pg_url: str) -> None:
     capacity.set_limit(org, 1)
     env = {"PLAYRUN_CAPACITY_FULL": "defer", "PLAYRUN_DEFERRAL_BASE_MS": "200",
            "PLAYRUN_DEFERRAL_MAX_MS": "300", "PLAYRUN_SWEEP_INTERVAL_S": "0.5",
+           "PLAYRUN_DEFERRAL_MAX_COUNT": "200",  # waits out the long run, however slow
            "PLAYRUN_START_RATE_INITIAL_PER_MIN": "60", "PLAYRUN_START_RATE_MAX_PER_MIN": "600",
            "PLAYRUN_START_RATE_INCREASE_PER_MIN": "60"}
     settings = Settings(**{k.removeprefix("PLAYRUN_").lower(): v for k, v in env.items()})

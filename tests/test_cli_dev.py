@@ -58,7 +58,9 @@ def test_dev_serves_submit_runs_and_show_from_another_terminal(tmp_path: Path,
         assert submitted.returncode == 0, submitted.stderr
         doc = json.loads(submitted.stdout)
         assert doc["output"] == {"greeting": "Hello, Dev!", "shout": "DEV"}
-        assert "succeeded" in playrun(tmp_path, "runs").stdout
+        listed = json.loads(playrun(tmp_path, "runs", "--json").stdout)["runs"]
+        assert [(r["id"], r["status"]) for r in listed] == [(doc["id"], "succeeded")]
+        assert doc["id"] in playrun(tmp_path, "runs").stdout  # the table never cuts an id
         shown = playrun(tmp_path, "show", doc["id"])
         assert shown.returncode == 0 and "run.succeeded" in shown.stdout, shown.stderr
         # A second dev on the same home is refused, not started beside the first.

@@ -24,6 +24,7 @@ from kombu.utils.json import dumps as kombu_dumps
 
 from tasks.constants import QUEUE
 from tasks.notify import redis_client
+from tasks.taskrepr import shown
 
 Message = tuple[str, str, list[Any]]  # (task id = outbox row id, task name, args)
 
@@ -47,7 +48,7 @@ def _direct(app: Any) -> bool:
 def envelope(app: Any, task_id: str, name: str, args: list[Any], queue: str = QUEUE) -> str:
     """The JSON kombu's Redis transport stores for this task on `queue`."""
     m = app.amqp.as_task_v2(task_id, name, args=args, ignore_result=True,
-                            argsrepr=repr(args), kwargsrepr="{}")
+                            argsrepr=shown(name, args), kwargsrepr="{}")
     properties = dict(m.properties)
     properties.update(
         delivery_mode=2, priority=0, body_encoding="base64",
@@ -72,7 +73,7 @@ def produce(app: Any, messages: Sequence[Message], queue: str) -> None:
     with app.producer_or_acquire() as producer, producer.batch(max_size=_PIPELINE):
         for task_id, name, args in messages:
             m = app.amqp.as_task_v2(task_id, name, args=args, ignore_result=True,
-                                    argsrepr=repr(args), kwargsrepr="{}")
+                                    argsrepr=shown(name, args), kwargsrepr="{}")
             producer.publish(m.body, exchange="", routing_key=queue, headers=m.headers,
                              serializer="json", retry=False, declare=None, **m.properties)
 

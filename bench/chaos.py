@@ -59,6 +59,7 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
     row("failed by code", lambda r: " ".join(f"{k}:{v}" for k, v in sorted(r["failed"].items()))
         or "-")
     row("unexpected outcome", lambda r: r["unexpected"])
+    row("play executions (host)", lambda r: r["executions"])
     for key, label in (("lost", "lost"), ("doubled", "doubled"), ("stuck", "stuck past deadline"),
                        ("sandboxes", "orphan sandboxes"), ("resources", "resources not deleted"),
                        ("slots", "capacity slots held")):

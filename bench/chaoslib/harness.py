@@ -234,6 +234,8 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
         "doubled": sum(1 for c in marks.values() if c > 1) + sum(1 for c in steps.values()
                                                                   if c > 1),
         "stuck": sum(1 for r in rows if float(r[3]) > DEADLINE_S),
+        "executions": sum(marks.values()),
+        "never_executed": sum(1 for i in range(len(load.ids)) if marks[str(i)] == 0),
     }
 
 

@@ -40,6 +40,7 @@ from typing import Any, Literal
 from tasks.errors import ConfigurationError
 from tasks.sandbox import supervisor as sup
 from tasks.sandbox.base import (
+    CapacityUnavailableError,
     FileRead,
     ProcessStatus,
     ProviderError,
@@ -563,6 +564,10 @@ class LocalProvider:
         except OSError as exc:
             for leftover in (tmp, ctl_tmp, control):
                 shutil.rmtree(leftover, ignore_errors=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # No room for a sandbox is this host's capacity, not a broken start: the run
+                # is deferred (nothing ran yet) and may start once space is freed.
+                raise CapacityUnavailableError(f"no space for a sandbox: {exc}") from exc
             raise ProviderError(f"cannot create sandbox: {exc}") from exc
         except ProviderError:
             shutil.rmtree(tmp, ignore_errors=True)

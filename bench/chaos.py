@@ -60,12 +60,17 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
         or "-")
     row("unexpected outcome", lambda r: r["unexpected"])
     row("play executions (host)", lambda r: r["executions"])
+    row("deferred before code", lambda r: r["deferred"])
+    row("attempts by worker", lambda r: " ".join(
+        f"{k}:{v}" for k, v in sorted(r["attempts_by_worker"].items())))
     for key, label in (("lost", "lost"), ("doubled", "doubled"), ("stuck", "stuck past deadline"),
                        ("sandboxes", "orphan sandboxes"), ("resources", "resources not deleted"),
                        ("slots", "capacity slots held")):
         row(label, lambda r, key=key: r[key])
     row("time to recover, s", lambda r: "n/a (no end)" if r["no_fault_end"] else
         (f"{r['recovery_s']:.1f}" if r["recovery_s"] is not None else "never"))
+    row("probe run, no fault, s", lambda r: f"{r['baseline_s']:.1f}"
+        if r["baseline_s"] is not None else "never")
     row("load average (1 min)", lambda r: f"{r['load']:.1f}")
     row("invariants", lambda r: "hold" if holds(r) else "BROKEN")
     for name, r in results.items():

@@ -16,9 +16,8 @@ from urllib.parse import urlsplit
 from bench.chaoslib.harness import Stack
 from bench.chaoslib.proxy import Mode, Proxy
 from bench.chaoslib.services import PrivatePostgres, PrivateRedis, Tmpfs, pg_bin
-from bench.common import PG_BASE, REDIS_BASE
+from bench.common import PG_BASE
 
-REDIS_DB = 12  # on the shared Redis; a private one uses db 0
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SKEW = "+5m"
 
@@ -27,7 +26,7 @@ SKEW = "+5m"
 class Setup:
     pg_base: str | None = None
     redis_base: str | None = None
-    redis_db: int = REDIS_DB
+    redis_db: int = 0
 
 
 class Fault:
@@ -38,8 +37,12 @@ class Fault:
         return None
 
     def setup(self, es: ExitStack, log_dir: Path) -> Setup:
-        """Before the database exists (a private server must be up to create it)."""
-        return Setup()
+        """Before the database exists (a private server must be up to create it). Every
+        kind has a private Redis: the shared one's bench db numbers are shared by all
+        benches, and bench_env flushes its db."""
+        self.redis = PrivateRedis(log_dir)
+        es.callback(self.redis.stop)
+        return Setup(redis_base=self.redis.url)
 
     def prepare(self, es: ExitStack, env: dict[str, str]) -> None:
         """After the database exists, before the stack starts."""
@@ -85,12 +88,7 @@ class GatewayRestart(Fault):
 
 class RedisRestart(Fault):
     name = "Redis restart"
-    describe = "kill -9 of a private redis-server (no persistence: every key lost), 2 s down"
-
-    def setup(self, es: ExitStack, log_dir: Path) -> Setup:
-        self.redis = PrivateRedis(log_dir)
-        es.callback(self.redis.stop)
-        return Setup(redis_base=self.redis.url, redis_db=0)
+    describe = "kill -9 of the stack's redis-server (no persistence: every key lost), 2 s down"
 
     def inject(self, stack: Stack, fault_s: float) -> float | None:
         self.redis.kill()
@@ -109,9 +107,11 @@ class PostgresRestart(Fault):
     def setup(self, es: ExitStack, log_dir: Path) -> Setup:
         bindir = pg_bin()
         assert bindir is not None
+        setup = super().setup(es, log_dir)
         self.pg = PrivatePostgres(bindir)
         es.callback(self.pg.stop)
-        return Setup(pg_base=self.pg.url)
+        setup.pg_base = self.pg.url
+        return setup
 
     def inject(self, stack: Stack, fault_s: float) -> float | None:
         self.pg.kill()
@@ -133,10 +133,11 @@ class Network(Fault):
     delay_ms = 0.0
 
     def setup(self, es: ExitStack, log_dir: Path) -> Setup:
-        self.proxies = [Proxy(*_hostport(PG_BASE, 5432)), Proxy(*_hostport(REDIS_BASE, 6379))]
+        setup = super().setup(es, log_dir)
+        self.proxies = [Proxy(*_hostport(PG_BASE, 5432)), Proxy("127.0.0.1", self.redis.port)]
         for proxy in self.proxies:
             es.callback(proxy.close)
-        return Setup()
+        return setup
 
     def prepare(self, es: ExitStack, env: dict[str, str]) -> None:
         pg, rd = (p.port for p in self.proxies)

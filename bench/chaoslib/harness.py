@@ -210,7 +210,11 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
     with db(env) as conn:
         rows = conn.execute(
             "SELECT id, status, code, extract(epoch FROM coalesce(finished_at, now()) "
-            "- created_at) FROM runs WHERE id = ANY(%s)", (load.ids,)).fetchall()
+            "- created_at), deferral_count FROM runs WHERE id = ANY(%s)",
+            (load.ids,)).fetchall()
+        workers = dict(conn.execute(
+            "SELECT split_part(coalesce(worker_id, '?'), '@', 1), count(*) FROM attempts "
+            "WHERE run_id = ANY(%s) GROUP BY 1", (load.ids,)).fetchall())
     marks = Counter((load.marks / "play").read_text().split()) \
         if (load.marks / "play").exists() else Counter()
     steps = Counter((load.marks / "step").read_text().split()) \
@@ -218,7 +222,7 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
     statuses: Counter[str] = Counter()
     codes: Counter[str] = Counter()
     unexpected = 0
-    for rid, status, code, _took in rows:
+    for rid, status, code, _took, _deferred in rows:
         statuses[status] += 1
         if status == "failed":
             codes[code or "?"] += 1
@@ -235,6 +239,8 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
                                                                   if c > 1),
         "stuck": sum(1 for r in rows if float(r[3]) > DEADLINE_S),
         "executions": sum(marks.values()),
+        "deferred": sum(1 for r in rows if r[4]),
+        "attempts_by_worker": {str(k): int(v) for k, v in workers.items()},
         "never_executed": sum(1 for i in range(len(load.ids)) if marks[str(i)] == 0),
     }
 

@@ -84,6 +84,7 @@ def _run(fault: Fault, plan: Plan, log_dir: Path, marks: Path) -> dict[str, Any]
         fault.after_start(stack, stack_env)
         if probe_recovery(time.monotonic(), timeout=120) is None:
             raise RuntimeError(f"{fault.name}: the stack never ran a first play")
+        baseline = probe_recovery(time.monotonic(), timeout=60)  # a probe with no fault
         loads = [os.getloadavg()[0]]
         load = Load(plan.n, plan.spread_s, marks).start()
         time.sleep(plan.spread_s / 3)
@@ -93,6 +94,6 @@ def _run(fault: Fault, plan: Plan, log_dir: Path, marks: Path) -> dict[str, Any]
         wait_terminal(env, load.ids)
         loads.append(os.getloadavg()[0])
         left = settle(env)
-        return {**check(env, load), **left, "recovery_s": recovery,
+        return {**check(env, load), **left, "recovery_s": recovery, "baseline_s": baseline,
                 "no_fault_end": fault_end is None, "load": max(loads),
                 "loadavg": load_average()}

@@ -137,8 +137,10 @@ class Load:
             self.ids.append(run_id)
             self.kinds[run_id] = kind
 
-    def join(self, timeout: float = 600.0) -> None:
-        self._thread.join(timeout)
+    def join(self) -> None:
+        self._thread.join(self.spread_s + 120)
+        if self._thread.is_alive():
+            raise RuntimeError("a submit_run call hung for two minutes")
 
 
 def probe_recovery(fault_end: float, timeout: float = 180.0) -> float | None:

@@ -64,8 +64,8 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
     row("unexpected outcome", lambda r: r["unexpected"])
     row("play executions (host)", lambda r: r["executions"])
     row("deferred before code", lambda r: r["deferred"])
-    row("attempts by worker", lambda r: " ".join(
-        f"{k}:{v}" for k, v in sorted(r["attempts_by_worker"].items())))
+    row("start tasks received w0/w1", lambda r: "/".join(
+        str(v) for _, v in sorted(r["starts_by_worker"].items())))
     for key, label in (("lost", "lost"), ("doubled", "doubled"), ("stuck", "stuck past deadline"),
                        ("sandboxes", "orphan sandboxes"), ("resources", "resources not deleted"),
                        ("slots", "capacity slots held")):

@@ -214,9 +214,6 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
             "SELECT id, status, code, extract(epoch FROM coalesce(finished_at, now()) "
             "- created_at), deferral_count FROM runs WHERE id = ANY(%s)",
             (load.ids,)).fetchall()
-        workers = dict(conn.execute(
-            "SELECT split_part(coalesce(worker_id, '?'), '@', 1), count(*) FROM attempts "
-            "WHERE run_id = ANY(%s) GROUP BY 1", (load.ids,)).fetchall())
     marks = Counter((load.marks / "play").read_text().split()) \
         if (load.marks / "play").exists() else Counter()
     steps = Counter((load.marks / "step").read_text().split()) \
@@ -242,9 +239,17 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
         "stuck": sum(1 for r in rows if float(r[3]) > DEADLINE_S),
         "executions": sum(marks.values()),
         "deferred": sum(1 for r in rows if r[4]),
-        "attempts_by_worker": {str(k): int(v) for k, v in workers.items()},
         "never_executed": sum(1 for i in range(len(load.ids)) if marks[str(i)] == 0),
     }
+
+
+def starts_by_worker(stack: Stack) -> dict[str, int]:
+    """start_attempt deliveries each worker received (from its log, all its lives)."""
+    assert stack.workers is not None
+    needle = b"Task playrun.start_attempt["
+    return {w.name: sum(1 for line in w.log_path.read_bytes().splitlines()
+                        if needle in line and line.endswith(b"received"))
+            for w in stack.workers.workers}
 
 
 def load_average() -> str:

@@ -22,6 +22,7 @@ from bench.chaoslib.harness import (
     load_average,
     probe_recovery,
     settle,
+    starts_by_worker,
     wait_terminal,
 )
 from bench.common import bench_env, gateway_env
@@ -94,6 +95,8 @@ def _run(fault: Fault, plan: Plan, log_dir: Path, marks: Path) -> dict[str, Any]
         wait_terminal(env, load.ids)
         loads.append(os.getloadavg()[0])
         left = settle(env)
+        starts = starts_by_worker(stack)
         return {**check(env, load), **left, "recovery_s": recovery, "baseline_s": baseline,
+                "starts_by_worker": starts,
                 "no_fault_end": fault_end is None, "load": max(loads),
                 "loadavg": load_average()}

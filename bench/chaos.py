@@ -63,6 +63,7 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
         or "-")
     row("unexpected outcome", lambda r: r["unexpected"])
     row("play executions (host)", lambda r: r["executions"])
+    row("refused submit, yet ran", lambda r: r["refused_but_ran"])
     row("deferred before code", lambda r: r["deferred"])
     row("start tasks received w0/w1", lambda r: "/".join(
         str(v) for _, v in sorted(r["starts_by_worker"].items())))

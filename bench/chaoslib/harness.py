@@ -105,6 +105,8 @@ class Load:
     ids: list[str] = field(default_factory=list)
     kinds: dict[str, str] = field(default_factory=dict)
     submit_errors: Counter[str] = field(default_factory=Counter)
+    refused: list[int] = field(default_factory=list)  # indices whose submit_run raised
+    index: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tag = uuid.uuid4().hex[:8]
@@ -133,8 +135,10 @@ class Load:
                 run_id = tasks.submit_run(PLAY, input=payload, org_id=self.org).id
             except Exception as exc:  # a refused submit is what a user sees: counted
                 self.submit_errors[type(exc).__name__] += 1
+                self.refused.append(i)
                 continue
             self.ids.append(run_id)
+            self.index[run_id] = i
             self.kinds[run_id] = kind
 
     def join(self) -> None:
@@ -239,7 +243,10 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
         "stuck": sum(1 for r in rows if float(r[3]) > DEADLINE_S),
         "executions": sum(marks.values()),
         "deferred": sum(1 for r in rows if r[4]),
-        "never_executed": sum(1 for i in range(len(load.ids)) if marks[str(i)] == 0),
+        "never_executed": sum(1 for i in load.index.values() if marks[str(i)] == 0),
+        # The commit may have happened before the connection died: the caller saw an error
+        # for a run that exists (a retry with the same idempotency key finds it).
+        "refused_but_ran": sum(1 for i in load.refused if marks[str(i)]),
     }
 
 

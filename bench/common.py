@@ -26,15 +26,18 @@ REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
 
 
 @contextmanager
-def bench_env(redis_db: int) -> Iterator[dict[str, str]]:
-    """Create and migrate a database, point PLAYRUN_* at it and a Redis db; clean up after."""
+def bench_env(redis_db: int, *, pg_base: str | None = None,
+              redis_base: str | None = None) -> Iterator[dict[str, str]]:
+    """Create and migrate a database, point PLAYRUN_* at it and a Redis db; clean up after.
+    pg_base / redis_base: another server than BENCH_PG / BENCH_REDIS (a private one)."""
+    pg_base, redis_base = pg_base or PG_BASE, redis_base or REDIS_BASE
     name = f"playrun_bench_{secrets.token_hex(4)}"
-    admin = PG_BASE.replace("+psycopg", "") + "/postgres"
+    admin = pg_base.replace("+psycopg", "") + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     env = {
-        "PLAYRUN_DATABASE_URL": f"{PG_BASE}/{name}",
-        "PLAYRUN_REDIS_URL": f"{REDIS_BASE}/{redis_db}",
+        "PLAYRUN_DATABASE_URL": f"{pg_base}/{name}",
+        "PLAYRUN_REDIS_URL": f"{redis_base}/{redis_db}",
         "PLAYRUN_SECRET_KEY": "bench-" + secrets.token_hex(24),
         "PLAYRUN_SANDBOX_ROOT": f"/tmp/playrun-bench-{name}",
     }

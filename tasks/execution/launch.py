@@ -14,6 +14,8 @@ import enum
 import secrets
 from dataclasses import dataclass
 
+import sqlalchemy as sa
+
 from models import db_now
 from tasks import metrics
 from tasks.constants import RUNNER_FILE
@@ -46,13 +48,28 @@ class Launched:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class LaunchMark:
+    launch_id: str
+    db_time: float  # epoch seconds by the database clock: the tokens' issue time
+
+
 def mark_launching(fence: Fence, settings: Settings) -> str | None:
     """Fenced: record the launch, its deadline and its first lease; None if cancelled."""
+    mark = record_launch(fence, settings)
+    return mark.launch_id if mark is not None else None
+
+
+def record_launch(fence: Fence, settings: Settings) -> LaunchMark | None:
+    """mark_launching, also reading the database clock (a worker's clock minutes off must
+    not mint tokens the gateway thinks not yet valid, or expired)."""
     launch_id = secrets.token_hex(16)
     with session_scope() as session:
         run, attempt = hold(session, fence)
         if run.cancel_requested_at is not None:
             return None
+        db_time = session.scalar(sa.select(db_now()))
+        assert db_time is not None
         attempt.launch_id = launch_id
         attempt.runner_started_at = db_now()
         # Past this the runner is lost whatever the sandbox says.
@@ -61,18 +78,19 @@ def mark_launching(fence: Fence, settings: Settings) -> str | None:
         attempt.lease_expires_at = db_now(settings.heartbeat_timeout_s + STARTUP_GRACE_S)
         created_at = run.created_at
         after_commit(session, lambda: metrics.run_started(created_at))
-    return launch_id
+    return LaunchMark(launch_id, db_time.timestamp())
 
 
-def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings) -> dict[str, str]:
+def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings,
+               issued_at: float | None = None) -> dict[str, str]:
     """What the runner is told: its scope, its tokens and where the gateway is; never a
-    database or Redis URL."""
+    database or Redis URL. issued_at: the database clock (LaunchMark.db_time)."""
     ttl = settings.run_timeout_s + settings.heartbeat_timeout_s + TOKEN_MARGIN_S
 
     def mint(capabilities: tuple[str, ...]) -> str:
         return tokens.mint(org_id=org_id, run_id=fence.run_id, generation=fence.generation,
                            launch_id=launch_id, capabilities=capabilities, ttl_s=ttl,
-                           secret=settings.secret_key)
+                           secret=settings.secret_key, issued_at=issued_at)
 
     return {
         "PLAYRUN_RUN_ID": fence.run_id,
@@ -91,14 +109,15 @@ def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings) ->
 
 def launch(fence: Fence, provider: SandboxProvider, sandbox_id: str, org_id: str,
            settings: Settings) -> Launched:
-    launch_id = mark_launching(fence, settings)
-    if launch_id is None:
+    mark = record_launch(fence, settings)
+    if mark is None:
         return Launched(Launch.CANCELLED)
+    launch_id = mark.launch_id
     try:
         provider.exec_detached(
             sandbox_id,
             ["{python}", RUNNER_FILE, "--timeout", f"{settings.run_timeout_s:g}"],
-            env=runner_env(fence, org_id, launch_id, settings),
+            env=runner_env(fence, org_id, launch_id, settings, mark.db_time),
             timeout_s=settings.run_timeout_s + HARD_KILL_GRACE_S,
         )
     except ProviderError as exc:

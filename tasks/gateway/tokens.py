@@ -45,8 +45,10 @@ class Grant:
 
 
 def mint(*, org_id: str, run_id: str, generation: int, launch_id: str,
-         capabilities: tuple[str, ...], ttl_s: float, secret: str) -> str:
-    now = int(time.time())
+         capabilities: tuple[str, ...], ttl_s: float, secret: str,
+         issued_at: float | None = None) -> str:
+    """issued_at: epoch seconds by the database clock (a worker's own clock may be off)."""
+    now = int(time.time() if issued_at is None else issued_at)
     claims = {
         "aud": AUDIENCE, "iat": now, "exp": now + int(ttl_s) + 1,
         "org": org_id, "run": run_id, "gen": generation, "lch": launch_id,

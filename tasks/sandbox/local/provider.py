@@ -8,6 +8,7 @@ started a sandbox can inspect and remove it.
 from __future__ import annotations
 
 import builtins
+import errno
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from typing import Any, Literal
 
 from tasks.sandbox import supervisor as sup
 from tasks.sandbox.base import (
+    CapacityUnavailableError,
     FileRead,
     ProcessStatus,
     ProviderError,
@@ -179,6 +181,10 @@ class LocalProvider:
         except OSError as exc:
             for leftover in (tmp, ctl_tmp, control):
                 shutil.rmtree(leftover, ignore_errors=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # No room for a sandbox is this host's capacity, not a broken start: the run
+                # is deferred (nothing ran yet) and may start once space is freed.
+                raise CapacityUnavailableError(f"no space for a sandbox: {exc}") from exc
             raise ProviderError(f"cannot create sandbox: {exc}") from exc
         except ProviderError:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""The chaos suite (bench/chaos.py): fault kinds, the stack and load, the invariants."""

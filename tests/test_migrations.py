@@ -96,7 +96,9 @@ def test_0006_adds_and_drops_the_scale_indexes(which: str, request: pytest.Fixtu
     assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
     db.upgrade(url, "0006")
     assert _indexes(url) == SCALE_INDEXES
-    assert _diff(url) == []
+    # What the models have beyond 0006 is exactly 0007's listing indexes.
+    assert {(d[0], d[1].name) for d in _diff(url)} == {  # type: ignore[index, attr-defined]
+        ("add_index", "ix_runs_created_id"), ("add_index", "ix_runs_org_created_id")}
     db.downgrade(url, "0005")
     assert db.current_revision(url) == "0005"
     assert _indexes(url) == {t: set() for t in SCALE_INDEXES}

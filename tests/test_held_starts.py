@@ -12,8 +12,7 @@ import redis
 
 import tasks
 from tasks.acquisition import policy
-from tasks.constants import KEY_HELD_STARTS
-from tasks.maintenance.held import note_done, note_held, take_held
+from tasks.maintenance.held import held_runs, note_done, note_held, take_held
 from tests.conftest import ROOT, TEST_REDIS_URL, Worker, worker_env
 from tests.helpers import eventually
 from tests.support import FAST_RECOVERY
@@ -25,11 +24,13 @@ NOOP = ROOT / "examples" / "plays" / "noop.py"
 def test_held_sets_are_per_node_and_taken_once() -> None:
     client = redis.Redis.from_url(TEST_REDIS_URL)
     node = f"n{uuid.uuid4().hex[:6]}@test"
-    note_held(client, node, "r1")
-    note_held(client, node, "r2")
-    note_held(client, "other@" + node, "r9")
-    note_done(client, node, "r1")
-    assert take_held(client, node) == ["r2"]
+    note_held(client, node, "t1", "r1")
+    note_held(client, node, "t2", "r2")
+    note_held(client, node, "t3", "r1")  # r1's next start, received before t1 returned
+    note_held(client, "other@" + node, "t9", "r9")
+    note_done(client, node, "t1")
+    note_done(client, node, "t2")
+    assert take_held(client, node) == ["r1"]
     assert take_held(client, node) == []
     assert take_held(client, "other@" + node) == ["r9"]
 
@@ -48,7 +49,7 @@ def test_a_restarted_worker_resends_the_starts_it_held(pg_url: str) -> None:
         eventually(lambda: any(e.kind == "run.deferred" for e in tasks.run_events(handle.id)),
                    what="the hold to defer the run")
         # The deferral's countdown message is now held by this worker (an ETA task).
-        eventually(lambda: client.sismember(KEY_HELD_STARTS + name, handle.id),
+        eventually(lambda: handle.id in held_runs(client, name),
                    what="the worker to hold the deferred start")
     finally:
         first.stop(signal.SIGKILL)
@@ -61,4 +62,4 @@ def test_a_restarted_worker_resends_the_starts_it_held(pg_url: str) -> None:
         policy.set_policy(policy.NORMAL, for_s=None)
     assert result.status == "succeeded", result
     assert "re-sent 1 start(s)" in second.output()
-    assert not client.sismember(KEY_HELD_STARTS + name, handle.id)
+    assert handle.id not in held_runs(client, name)

@@ -2,8 +2,10 @@
 
 A worker prefetches start messages; killed with SIGKILL, it leaves them unacked in
 Redis until the broker's visibility timeout (an hour), and the runs wait for the
-outbox sweep's backoff. Each node keeps the run ids it holds in a Redis set (added
-when a message is received, removed when its task returns); a node that starts
+outbox sweep's backoff. Each node keeps the messages it holds in a Redis hash of task
+id -> run id (added when a message is received, removed when that message's task
+returns: keyed by message, because a deferral's next message for the same run can be
+received before the task that sent it has returned); a node that starts
 again under the same name (a supervisor's restart) re-sends what its last life
 held. A re-sent start is harmless: the claim ignores a run that is not queued.
 A node that never returns leaves its runs to the outbox sweep, as before.
@@ -32,24 +34,33 @@ def _run_id(args: Any) -> str | None:
     return None
 
 
-def note_held(client: redis.Redis, node: str, run_id: str) -> None:
+def note_held(client: redis.Redis, node: str, task_id: str, run_id: str) -> None:
     with client.pipeline(transaction=False) as pipe:
-        pipe.sadd(KEY_HELD_STARTS + node, run_id)
+        pipe.hset(KEY_HELD_STARTS + node, task_id, run_id)
         pipe.expire(KEY_HELD_STARTS + node, HELD_TTL_S)
         pipe.execute()
 
 
-def note_done(client: redis.Redis, node: str, run_id: str) -> None:
-    client.srem(KEY_HELD_STARTS + node, run_id)
+def note_done(client: redis.Redis, node: str, task_id: str) -> None:
+    client.hdel(KEY_HELD_STARTS + node, task_id)
+
+
+def held_runs(client: redis.Redis, node: str) -> set[str]:
+    values: list[Any] = client.hvals(KEY_HELD_STARTS + node)  # type: ignore[assignment]
+    return {_text(v) for v in values}
 
 
 def take_held(client: redis.Redis, node: str) -> list[str]:
-    """What this node's previous life held, removed atomically."""
+    """The runs this node's previous life held messages for, removed atomically."""
     with client.pipeline(transaction=True) as pipe:
-        pipe.smembers(KEY_HELD_STARTS + node)
+        pipe.hvals(KEY_HELD_STARTS + node)
         pipe.delete(KEY_HELD_STARTS + node)
-        members, _ = pipe.execute()
-    return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+        values, _ = pipe.execute()
+    return sorted({_text(v) for v in values})
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def connect(app: Any) -> None:
@@ -59,24 +70,24 @@ def connect(app: Any) -> None:
         if request is None or getattr(request, "name", None) != TASK_START_ATTEMPT:
             return
         run_id = _run_id(getattr(request, "args", None))
+        task_id = getattr(request, "id", None)
         node = getattr(sender, "hostname", None)
-        if run_id is not None and node:
+        if run_id is not None and task_id and node:
             try:
-                note_held(redis_client(), node, run_id)
+                note_held(redis_client(), node, str(task_id), run_id)
             except redis.RedisError as exc:  # only recovery speed is at stake
                 log.warning("cannot note held start %s: %s", run_id, exc)
 
-    def _done(sender: Any = None, args: Any = None, state: Any = None, **_: Any) -> None:
-        # A retry re-sends the message (with a countdown) that this node may now hold.
+    def _done(sender: Any = None, task_id: Any = None, state: Any = None, **_: Any) -> None:
+        # A retry re-sends this message (same task id, with a countdown) to be held again.
         if getattr(sender, "name", None) != TASK_START_ATTEMPT or state == "RETRY":
             return
-        run_id = _run_id(args)
         node = getattr(getattr(sender, "request", None), "hostname", None)
-        if run_id is not None and node:
+        if task_id and node:
             try:
-                note_done(redis_client(), node, run_id)
+                note_done(redis_client(), node, str(task_id))
             except redis.RedisError as exc:
-                log.warning("cannot clear held start %s: %s", run_id, exc)
+                log.warning("cannot clear held start %s: %s", task_id, exc)
 
     def _resend(sender: Any = None, **_: Any) -> None:
         node = getattr(sender, "hostname", None)

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     bench_env,
+    claim_redis_db,
     gateway_env,
     pct,
     start_gateway,
@@ -41,23 +42,12 @@ from bench.common import (  # noqa: E402
 PLAY = ROOT / "examples" / "plays" / "noop.py"
 ORDER = (True, False, False, True)
 REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
-MARK = "playrun:bench-metrics"
 
 
 def claim_free_db(taken: str) -> str:
-    """The metrics-off stack's broker: an empty Redis db nobody is connected to (other
-    benches and test sessions own theirs), marked as ours until the end."""
-    import redis
-
-    admin = redis.Redis.from_url(f"{REDIS_BASE}/0")
-    busy = {int(c.get("db", 0)) for c in admin.client_list()}
-    for db in range(15, 0, -1):
-        if f"{REDIS_BASE}/{db}" == taken:
-            continue
-        client = redis.Redis.from_url(f"{REDIS_BASE}/{db}")
-        if db not in busy and client.dbsize() == 0 and client.set(MARK, os.getpid(), nx=True):
-            return f"{REDIS_BASE}/{db}"
-    raise RuntimeError("no empty, unused Redis db for the second stack")
+    """The metrics-off stack's broker: a second bench db (the first, `taken`, is marked
+    ours already), flushed at the end."""
+    return f"{REDIS_BASE}/{claim_redis_db(REDIS_BASE, 15)}"
 
 
 def switch(on: bool, env: dict[str, str] | None = None) -> None:

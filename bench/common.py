@@ -25,12 +25,52 @@ PG_BASE = os.environ.get("BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:54
 REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
 
 
+BENCH_DBS = range(12, 16)  # tests claim 1-11
+_MARK = "playrun:bench-session"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_redis_db(redis_base: str, preferred: int) -> int:
+    """A Redis db no other bench holds: two benches on one db flush and share each other's
+    queues (their workers take each other's start messages). `preferred` first, then 12-15."""
+    admin = redis.Redis.from_url(f"{redis_base}/0")
+    try:
+        busy = {int(c.get("db", 0)) for c in admin.client_list()}
+    finally:
+        admin.close()
+    for db in [preferred, *[d for d in BENCH_DBS if d != preferred]]:
+        client = redis.Redis.from_url(f"{redis_base}/{db}")
+        try:
+            holder = client.get(_MARK)
+            if holder is not None and _pid_alive(int(holder)):
+                continue
+            if db in busy and holder is None:
+                continue  # something else (a stray worker) is connected to it
+            client.flushdb()
+            if client.set(_MARK, os.getpid(), nx=True, ex=6 * 3600):
+                return db
+        finally:
+            client.close()
+    raise RuntimeError(f"no free Redis db among {list(BENCH_DBS)}: another bench holds each")
+
+
 @contextmanager
 def bench_env(redis_db: int, *, pg_base: str | None = None,
               redis_base: str | None = None) -> Iterator[dict[str, str]]:
-    """Create and migrate a database, point PLAYRUN_* at it and a Redis db; clean up after.
+    """Create and migrate a database, point PLAYRUN_* at it and a free Redis db (redis_db
+    if no other bench holds it); clean up after.
     pg_base / redis_base: another server than BENCH_PG / BENCH_REDIS (a private one)."""
     pg_base, redis_base = pg_base or PG_BASE, redis_base or REDIS_BASE
+    redis_db = claim_redis_db(redis_base, redis_db)
     name = f"playrun_bench_{secrets.token_hex(4)}"
     admin = pg_base.replace("+psycopg", "") + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -42,7 +82,6 @@ def bench_env(redis_db: int, *, pg_base: str | None = None,
         "PLAYRUN_SANDBOX_ROOT": f"/tmp/playrun-bench-{name}",
     }
     os.environ.update(env)
-    redis.Redis.from_url(env["PLAYRUN_REDIS_URL"]).flushdb()
     from tasks import db
     from tasks.settings import reset_settings
 

@@ -20,8 +20,8 @@ from tasks import ledger
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
 from tasks.admission.submit import Admitted, admit, admit_many
-from tasks.admission.validate import check_count, check_run_id, check_wait_timeout
 from tasks.app import app, send
+from tasks.checks import check_count, check_run_id, check_wait_timeout
 from tasks.constants import (
     CANCELLED,
     CANCELLED_CODE,

@@ -12,13 +12,13 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
-from tasks.admission.validate import (
+from tasks.admission.validate import parse_input_text
+from tasks.checks import (
     check_org_id,
     check_rate,
     check_seconds,
     check_text,
     parse_count,
-    parse_input_text,
     parse_number,
 )
 from tasks.cli_output import as_coded, timeline

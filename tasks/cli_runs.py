@@ -18,7 +18,7 @@ from rich.table import Table
 
 import tasks
 from tasks.admission.querycheck import parse_moment
-from tasks.admission.validate import parse_count
+from tasks.checks import parse_count
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tasks.admission.validate import brief, check_seconds
+from tasks.checks import brief, check_seconds
 from tasks.constants import MAX_DURATION_S
 from tasks.errors import DurationInvalidError
 

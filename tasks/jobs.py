@@ -76,7 +76,7 @@ def start_attempt(self: Task, run_id: str) -> str:
     claimed = opened.claimed
     fence = claimed.fence
     try:
-        acquired = acquire_sandbox(claimed, settings, app, opened.policy)
+        acquired = acquire_sandbox(opened, settings, app)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:

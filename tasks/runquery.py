@@ -22,7 +22,7 @@ from tasks.admission.querycheck import (
     check_run_prefix,
     check_status,
 )
-from tasks.admission.validate import check_list_limit, check_org_id
+from tasks.checks import check_list_limit, check_org_id
 from tasks.db import ensure_schema_once, session_scope
 from tasks.errors import RunIdAmbiguousError, RunNotFoundError
 

@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from models import Attempt, Run, WorkReceipt, db_now
-from tasks.admission.validate import check_name
+from tasks.checks import check_name
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     MAX_STEP_KEY_CHARS,

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 import tasks
 from models import Attempt, db_now
 from tasks.acquisition.claim import Claimed, claim
-from tasks.acquisition.start import Step, acquire_sandbox
+from tasks.acquisition.start import Opened, Step, acquire_sandbox, open_attempt
 from tasks.db import session_scope
 from tasks.execution.launch import mark_launching
 from tasks.settings import get_settings
@@ -85,10 +85,10 @@ def test_a_worker_lost_between_launch_record_and_exec_is_retried_not_lost(
     handle = tasks.submit_run(ROOT / "examples" / "plays" / "noop.py", input={},
                               org_id=f"org-{uuid.uuid4().hex[:6]}")
     settings = get_settings()
-    with session_scope() as session:
-        claimed = claim(session, handle.id, worker_id="ghost", lease_seconds=30)
-    assert isinstance(claimed, Claimed)
-    acquired = acquire_sandbox(claimed, settings, tasks.app)
+    opened = open_attempt(handle.id, settings)
+    assert isinstance(opened, Opened)
+    claimed = opened.claimed
+    acquired = acquire_sandbox(opened, settings, tasks.app)
     assert acquired.step == Step.LIVE and acquired.ref is not None
     assert mark_launching(claimed.fence, settings) is not None  # ... and then it died
     with session_scope() as session:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import tasks
 from models import Outbox, Run, db_now
+from tasks import checks
 from tasks.admission import validate
 from tasks.admission.submit import admit
 from tasks.db import session_scope
@@ -202,7 +203,7 @@ def check_submit(play: tuple[Any, str | None], value: Any, org: Any, key: Any) -
         assert outcome.code == (play_code if args_ok and input_ok else "INPUT_INVALID"), outcome
         assert run_count() == before, "a refused submit wrote a run"
         return
-    assert validate._RUN_ID.fullmatch(outcome.id)
+    assert checks.RUN_ID.fullmatch(outcome.id)
     view = tasks.get_run(outcome.id)
     assert (view.org_id, view.idempotency_key) == (org, key)
     if outcome.created:  # (a repeated key returns the first run, with its own input)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from models import CapacityLease, CapacityOrg, db_now, new_id
 from tasks import ledger
-from tasks.admission.validate import check_count, check_org_id
+from tasks.checks import check_count, check_org_id
 from tasks.constants import (
     CAPACITY_EXCEEDED_MESSAGE,
     EV_CAPACITY_OVERRUN,

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import TrafficPolicy, db_now
-from tasks.admission.validate import check_note, check_rate, check_seconds
+from tasks.checks import check_note, check_rate, check_seconds
 from tasks.constants import MAX_DURATION_S, MAX_STARTS_PER_MINUTE
 from tasks.db import session_scope
 from tasks.errors import PolicyInvalidError

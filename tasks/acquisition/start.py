@@ -21,7 +21,6 @@ from tasks.acquisition.sandbox import create, record_live
 from tasks.constants import SANDBOX_START_FAILED
 from tasks.db import session_scope
 from tasks.errors import CapacityExceededError
-from tasks.fence import hold, renew
 from tasks.runtime import provider as provider_for
 from tasks.runtime import worker_id
 from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
@@ -53,8 +52,12 @@ class Acquired:
 
 @dataclass(frozen=True)
 class Opened:
+    """The claim's transaction also read the traffic policy and reserved capacity."""
+
     claimed: Claimed
-    policy: traffic.Policy  # read in the claim's transaction
+    policy: traffic.Policy
+    lease_id: str | None = None  # the capacity reservation, unless held or full
+    full: CapacityExceededError | None = None  # the org was full (enforce mode)
 
 
 # Transactions before launch commit without waiting for the WAL flush (durable=False): a
@@ -62,50 +65,46 @@ class Opened:
 # durable and flushes them before exec. Losing them is recovered like a lost worker.
 
 def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
+    """Claim, read the policy and reserve capacity in one transaction: the run row is
+    locked, then the org's capacity row (the order every capacity write takes)."""
     with session_scope(durable=False) as session:
         claimed = claim(session, run_id, worker_id=worker_id(),
                         lease_seconds=settings.lease_seconds)
         if isinstance(claimed, Skipped):
             return claimed
-        return Opened(claimed, traffic.current(session))
-
-
-def _policy(claimed: Claimed, settings: Settings) -> traffic.Policy:
-    with session_scope(durable=False) as session:
-        hold(session, claimed.fence)
-        renew(session, claimed.fence, settings.lease_seconds)
-        return traffic.current(session)
-
-
-def _reserve(claimed: Claimed, settings: Settings) -> str:
-    with session_scope(durable=False) as session:
-        hold(session, claimed.fence)
-        renew(session, claimed.fence, settings.lease_seconds)
-        return capacity.reserve(session, claimed.fence, claimed.org_id, settings).lease_id
+        policy = traffic.current(session)
+        if policy.mode == traffic.HOLD:
+            return Opened(claimed, policy)
+        try:
+            # A full org writes nothing here (the reservation is one conditional
+            # INSERT), so the claim still commits and the deferral parks the attempt.
+            reservation = capacity.reserve(session, claimed.fence, claimed.org_id, settings)
+        except CapacityExceededError as exc:
+            return Opened(claimed, policy, full=exc)
+        return Opened(claimed, policy, reservation.lease_id)
 
 
 _DEFERRED = Acquired(Step.DEFERRED)
 
 
-def acquire_sandbox(claimed: Claimed, settings: Settings, app: Any,
-                    policy: traffic.Policy | None = None) -> Acquired:
+def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
     """Raises FenceLostError when the attempt lost its fence on the way."""
+    claimed, policy = opened.claimed, opened.policy
     fence = claimed.fence
     provider: SandboxProvider = provider_for()
-    if policy is None:
-        policy = _policy(claimed, settings)
     if policy.mode == traffic.HOLD:
         defer(fence, "hold", settings, app, detail="hold_new_sandbox_starts is in force")
         return _DEFERRED
     # Capacity first: a run that waits for its org's capacity burns no start permit.
-    try:
-        lease_id = _reserve(claimed, settings)
-    except CapacityExceededError as exc:
+    if opened.full is not None:
+        exc = opened.full
         if settings.capacity_full == "defer":
             defer(fence, "capacity", settings, app, detail=exc.message)
             return _DEFERRED
         return Acquired(Step.FAILED, code=exc.code, error=f"{exc.code}: {exc.message}",
                         reason="capacity")
+    lease_id = opened.lease_id
+    assert lease_id is not None  # open_attempt reserved it: not held, not full
     decision = permits.acquire(provider.name, policy, settings)
     if not decision.granted:
         defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from models import Run
 from tasks import ledger, metrics
 from tasks.admission.submit import Admitted, enqueue_start
-from tasks.admission.validate import check_idempotency_key, check_run_id
+from tasks.checks import check_idempotency_key, check_run_id
 from tasks.constants import EV_ADMITTED, QUEUED
 from tasks.db import after_commit, session_scope
 from tasks.errors import RunNotFoundError

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasks.admission.validate import brief, check_text
+from tasks.checks import brief, check_text
 from tasks.constants import (
     MAX_STATS_WINDOW_S,
     MIN_RUN_ID_PREFIX,

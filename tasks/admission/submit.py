@@ -21,13 +21,8 @@ from sqlalchemy.orm import Session
 from models import Outbox, db_now
 from tasks import metrics
 from tasks.admission import rows
-from tasks.admission.validate import (
-    PlaySource,
-    check_idempotency_key,
-    check_input,
-    check_org_id,
-    load_play,
-)
+from tasks.admission.validate import PlaySource, check_input, load_play
+from tasks.checks import check_idempotency_key, check_org_id
 from tasks.constants import MAX_SUBMIT_BATCH, TASK_START_ATTEMPT
 from tasks.db import get_engine
 from tasks.errors import InputInvalidError, PlayrunError

@@ -26,7 +26,7 @@ from models import (
     WorkReceipt,
     db_now,
 )
-from tasks.admission.validate import check_run_id
+from tasks.checks import check_run_id
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     ATTEMPT_DEFERRED,

@@ -225,6 +225,9 @@ def main() -> None:
     parser.add_argument("--play-s", type=float, default=1.0)
     parser.add_argument("--kill-mode", choices=("group", "child"), default="group")
     parser.add_argument("--timeout", type=float, default=300.0, help="per phase")
+    parser.add_argument("--isolation", choices=("process", "strict"), default="process",
+                        help="strict sandboxes cannot write the host file that counts "
+                             "executions, so that check shows n/a")
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument("--timelines", action="store_true",
                         help="also print the ledger of the two slowest runs with kills "
@@ -239,6 +242,7 @@ def main() -> None:
         env.update(gateway_env(log_dir))
         env.update({
             "PLAYRUN_SANDBOX_PROVIDER": "local",
+            "PLAYRUN_SANDBOX_ISOLATION": args.isolation,
             "PLAYRUN_START_RATE_INITIAL_PER_MIN": "60000",
             "PLAYRUN_START_RATE_MAX_PER_MIN": "60000",
             "PLAYRUN_LEASE_SECONDS": "5",
@@ -297,7 +301,8 @@ def main() -> None:
 
 def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
     print(f"{args.n} runs of a {args.play_s:g} s play, 2 workers x 2 slots + beat, local "
-          f"sandboxes, lease 5 s, reaper every 1 s; kill mode `{args.kill_mode}`; "
+          f"sandboxes ({args.isolation} isolation), lease 5 s, reaper every 1 s; kill mode "
+          f"`{args.kill_mode}`; "
           "2 shared cores")
     names = list(results)
     print(f"{'':34}" + "".join(f"{n:>24}" for n in names))

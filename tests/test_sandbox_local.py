@@ -28,7 +28,7 @@ from tasks.sandbox import (
 )
 from tasks.sandbox import supervisor as sup
 from tasks.sandbox.local import limits as limits_mod
-from tasks.sandbox.local import pid_namespace_command, probe_strict
+from tasks.sandbox.local import pid_namespace_command, probe_strict, processes
 from tasks.sandbox.local.processes import is_live
 from tasks.settings import get_settings
 
@@ -203,6 +203,35 @@ def test_delete_kills_the_whole_tree(provider: LocalProvider) -> None:
     with pytest.raises(SandboxNotFoundError):
         prov.poll(sid)
     prov.delete(sid)  # idempotent
+
+
+@pytest.mark.parametrize("provider", ["strict", "pidns"], indirect=True)
+def test_a_play_that_returned_leaves_nothing_even_without_the_proc_scan(
+    provider: LocalProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a normal exit the delete trusts the PID namespace (its init is gone, so the
+    kernel killed every member) and skips the /proc scans; daemons the play left behind,
+    in their own sessions, are dead all the same."""
+    prov = provider
+    tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
+    src = (
+        "import subprocess\n"
+        "def run(ctx, input):\n"
+        f"    subprocess.Popen(['sleep', '7{tag}'], start_new_session=True)\n"
+        f"    subprocess.Popen(['sh', '-c', 'trap \"\" TERM; sleep 8{tag}'],\n"
+        "                     start_new_session=True)\n"
+        "    return 'done'\n"
+    )
+    sid = play_sandbox(prov, src)
+    prov.exec_detached(sid, ["{python}", "runner.py", "--timeout", "100"], env={}, timeout_s=100)
+    assert wait_exit(prov, sid).exit_code == 0
+    scans: list[str] = []
+    monkeypatch.setattr(processes, "sandbox_processes",
+                        lambda *a: scans.append("scan") or set())
+    prov.delete(sid)
+    assert scans == []  # the fast path was taken
+    assert wait_for(lambda: not find_pids(tag), within=5)
+    assert not (prov.root / sid).exists()
 
 
 @pytest.mark.parametrize("provider", TREE_MODES, indirect=True)

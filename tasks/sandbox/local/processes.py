@@ -20,6 +20,9 @@ from tasks.sandbox.local.records import META_FILE, PROC_FILE, SUPERVISOR_FILE, r
 
 DELETE_WAIT_S = 2.0
 POLL_INTERVAL_S = 0.01
+# A supervisor that wrote its exit record is finishing: worth waiting this long for it to
+# exit rather than scanning /proc for what it ran.
+EXITING_WAIT_S = 0.5
 
 _pidns_lock = threading.Lock()
 _pidns_probe: str | None = None  # path of a working `unshare`, "" if unavailable
@@ -138,12 +141,42 @@ def sandbox_processes(sandbox_id: str, control: Path, path: Path) -> set[int]:
     return found
 
 
+def _gone(record: dict[str, object], pid_key: str, start_key: str) -> bool:
+    """The recorded process has exited (or its pid now names another process)."""
+    pid = record.get(pid_key)
+    if not isinstance(pid, int) or record.get(start_key) is None:
+        return False
+    stat_ = sup.read_stat(pid)
+    return stat_ is None or stat_[3] != record.get(start_key) or stat_[0] in ("Z", "X")
+
+
+def namespace_gone(control: Path, ns: dict[str, object]) -> bool:
+    """Nothing of the sandbox can be alive: it ran in its own PID namespace whose init has
+    exited, and the kernel SIGKILLs every member with it. Spares a sandbox that ended
+    normally the /proc scans (their cost grows with every process on the host)."""
+    proc = read_json(control / PROC_FILE) or {}
+    if not _gone(proc, "pid", "starttime"):
+        return False
+    if proc.get("isolation") == "strict":
+        return _gone(ns, "init_pid", "init_starttime")
+    # unshare --fork --kill-child: its child is the namespace's init, and dies with it.
+    return proc.get("pid_namespace") is True
+
+
 def kill_sandbox(sandbox_id: str, control: Path, path: Path) -> None:
     """SIGKILL the sandbox's whole process tree and wait (DELETE_WAIT_S) for it to die."""
     ns = read_json(control / sup.NS_FILE) or {}
     cgroup = Path(ns["cgroup"]) if isinstance(ns.get("cgroup"), str) else None
     if cgroup is not None:
         sup.cgroup_kill(cgroup)
+    if (control / sup.EXIT_FILE).exists():
+        deadline = time.monotonic() + EXITING_WAIT_S
+        while not namespace_gone(control, ns) and time.monotonic() < deadline:
+            reap_children()
+            time.sleep(POLL_INTERVAL_S / 2)
+    if namespace_gone(control, ns):
+        reap_children()
+        return
     init = ns.get("init_pid")
     if isinstance(init, int):
         stat_ = sup.read_stat(init)

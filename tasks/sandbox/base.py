@@ -104,7 +104,8 @@ class SandboxRef:
 @dataclass(frozen=True)
 class ProcessStatus:
     # missing: the process is gone without an exit record (killed, lost).
-    # never_started: no process was ever started in this sandbox (exec never reached it).
+    # never_started: nothing of the command ever ran (exec never reached it, or its
+    # supervisor never got the command).
     state: Literal["running", "exited", "missing", "never_started"]
     exit_code: int | None = None
     timed_out: bool = False

@@ -537,17 +537,35 @@ class _Strict:
             kill_tree([self.pid])
 
 
-def _read_config(control: Path) -> dict[str, Any]:
+def _read_config(control: Path) -> dict[str, Any] | None:
+    """The exec config from stdin; None if the launcher died before handing it over
+    whole (it writes the process record first, so that case must be told apart)."""
     data = sys.stdin.buffer.read()
     fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)
     if not data:  # a legacy sandbox: the config was written next to us
-        data = (control / EXEC_FILE).read_bytes()
-    value = json.loads(data)
+        try:
+            data = (control / EXEC_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None  # cut off mid-write
     if not isinstance(value, dict):
         raise ValueError("the exec config is not an object")
     return value
+
+
+def _never_started(control: Path) -> int:
+    """Say that nothing was started, so the run is tried again rather than lost."""
+    with contextlib.suppress(OSError), open(control / CONSOLE_FILE, "ab") as console:
+        console.write(b"supervisor: no exec config (its launcher died?); nothing run\n")
+    record = {"exit_code": None, "timed_out": False, "limit": None, "never_started": True,
+              "finished_at": time.time()}
+    write_atomic(control / EXIT_FILE, json.dumps(record).encode())
+    return 0
 
 
 def disk_usage(path: Path, max_entries: int = DISK_MAX_ENTRIES) -> tuple[int, int]:
@@ -583,6 +601,8 @@ def _exit_code(status: int, strict: bool) -> int:
 
 def supervise(control: Path, sandbox: Path) -> int:
     config = _read_config(control)
+    if config is None:
+        return _never_started(control)
     argv = [str(part) for part in config["argv"]]
     env = {str(k): str(v) for k, v in dict(config.get("env") or os.environ).items()}
     timeout_s = float(config["timeout_s"])

@@ -113,13 +113,28 @@ def find_processes(
     return found
 
 
+def live_pidns(ns: dict[str, object]) -> int | None:
+    """The PID namespace of a strict sandbox's NS record while the recorded init (checked by
+    start time) is alive in it, else None. Once the init is gone so is the namespace, and
+    the kernel hands its inode number to the next namespace made: another sandbox's."""
+    init, pidns = ns.get("init_pid"), ns.get("pidns")
+    if not isinstance(init, int) or not isinstance(pidns, int):
+        return None
+    stat_ = sup.read_stat(init)
+    if stat_ is None or stat_[0] in ("Z", "X") or stat_[3] != ns.get("init_starttime"):
+        return None
+    if sup.pidns_of(init) != pidns or pidns in (sup.pidns_of(os.getpid()), sup.pidns_of(1)):
+        return None  # never our own namespace, whatever the record says
+    return pidns
+
+
 def sandbox_processes(sandbox_id: str, control: Path, path: Path) -> set[int]:
     """Roots of the sandbox's processes, found from what the play cannot change:
     the recorded supervisor and PID-namespace init (checked by start time), every
-    process in that PID namespace, whatever runs its supervisor or bwrap (by command
-    line), plus, in process mode, anything started with the sandbox's HOME (a play's
-    processes reparented away after its supervisor was killed)."""
-    found: set[int] = set()
+    process in that PID namespace while its init lives, whatever runs its supervisor or
+    bwrap (by command line), plus, in process mode, anything started with the sandbox's
+    HOME (a play's processes reparented away after its supervisor was killed)."""
+    recorded: set[int] = set()
     for name, pid_key, start_key in ((PROC_FILE, "pid", "starttime"),
                                      (sup.NS_FILE, "init_pid", "init_starttime")):
         record = read_json(control / name) or {}
@@ -127,17 +142,24 @@ def sandbox_processes(sandbox_id: str, control: Path, path: Path) -> set[int]:
         if isinstance(pid, int):
             stat_ = sup.read_stat(pid)
             if stat_ is not None and stat_[3] == record.get(start_key):
-                found.add(pid)
-    pidns = (read_json(control / sup.NS_FILE) or {}).get("pidns")
-    if pidns in (sup.pidns_of(os.getpid()), sup.pidns_of(1)):
-        pidns = None  # never our own namespace, whatever the record says
+                recorded.add(pid)
+    ns = read_json(control / sup.NS_FILE) or {}
     strict = (read_json(control / META_FILE) or {}).get("isolation") == "strict"
-    found |= find_processes(
-        str(control / SUPERVISOR_FILE),
-        sup.BWRAP_MARK + sandbox_id,
-        None if strict else b"HOME=" + os.fsencode(path),
-        pidns if isinstance(pidns, int) else None,
-    )
+
+    def scan(pidns: int | None) -> set[int]:
+        return recorded | find_processes(
+            str(control / SUPERVISOR_FILE),
+            sup.BWRAP_MARK + sandbox_id,
+            None if strict else b"HOME=" + os.fsencode(path),
+            pidns,
+        )
+
+    pidns = live_pidns(ns)
+    found = scan(pidns)
+    if pidns is not None and live_pidns(ns) is None:
+        # The init died during the scan: its number may name a newer sandbox's namespace
+        # by now. Its own namespace's processes die with the init (the kernel kills them).
+        found = scan(None)
     return found
 
 

@@ -290,7 +290,8 @@ class LocalProvider:
         if status is not None:
             return status
         # exec writes the process record before the supervisor gets its argv (on stdin),
-        # so without one nothing of the play can have run.
+        # so without one nothing of the play can have run (and a supervisor that never
+        # got its argv says so in its exit record).
         exists = (control / PROC_FILE).exists()
         return ProcessStatus("missing" if exists else "never_started")
 

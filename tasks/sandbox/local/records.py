@@ -39,6 +39,9 @@ def exit_status(control: Path) -> ProcessStatus | None:
     record = read_json(control / sup.EXIT_FILE)
     if record is None:
         return None
+    if record.get("never_started") is True:
+        # The supervisor got no exec config (its worker died first): nothing ran.
+        return ProcessStatus("never_started")
     code = record.get("exit_code")
     limit = record.get("limit")
     return ProcessStatus(

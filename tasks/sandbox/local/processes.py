@@ -185,19 +185,38 @@ def namespace_gone(control: Path, ns: dict[str, object]) -> bool:
     return proc.get("pid_namespace") is True
 
 
+def _kill_recorded(control: Path, ns: dict[str, object]) -> None:
+    """SIGKILL the recorded supervisor (or its unshare) and namespace init, each checked by
+    start time so a reused pid is never hit."""
+    for record, pid_key, start_key in ((read_json(control / PROC_FILE) or {}, "pid", "starttime"),
+                                       (ns, "init_pid", "init_starttime")):
+        pid = record.get(pid_key)
+        if not isinstance(pid, int):
+            continue
+        stat_ = sup.read_stat(pid)
+        if stat_ is not None and stat_[3] == record.get(start_key):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def kill_sandbox(sandbox_id: str, control: Path, path: Path) -> None:
     """SIGKILL the sandbox's whole process tree and wait (DELETE_WAIT_S) for it to die."""
     ns = read_json(control / sup.NS_FILE) or {}
     cgroup = Path(ns["cgroup"]) if isinstance(ns.get("cgroup"), str) else None
     if cgroup is not None:
         sup.cgroup_kill(cgroup)
-    if (control / sup.EXIT_FILE).exists():
+    if (control / sup.EXIT_FILE).exists() and not namespace_gone(control, ns):
+        # The supervisor writes its exit record after killing all the play ran: only it
+        # (and bwrap's init, or unshare) can be left, finishing. Kill those, not scan /proc.
+        _kill_recorded(control, ns)
         deadline = time.monotonic() + EXITING_WAIT_S
         while not namespace_gone(control, ns) and time.monotonic() < deadline:
             reap_children()
             time.sleep(POLL_INTERVAL_S / 2)
     if namespace_gone(control, ns):
         reap_children()
+        if cgroup is not None:
+            sup.cgroup_kill(cgroup)  # now empty: removed
         return
     init = ns.get("init_pid")
     if isinstance(init, int):

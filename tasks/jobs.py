@@ -82,8 +82,8 @@ def start_attempt(self: Task, run_id: str) -> str:
         if acquired.step != Step.LIVE or acquired.ref is None:
             return acquired.step.value
         ref = acquired.ref
-        launched = launch(fence, provider(ref.provider), ref.sandbox_id, claimed.org_id,
-                          settings)
+        launched = launch(fence, provider(ref.provider), ref, acquired.lease_id,
+                          claimed.org_id, settings)
     except FenceLostError as exc:
         log.warning("run %s gen %s lost its fence during start: %s", run_id,
                     fence.generation, exc)

@@ -18,7 +18,7 @@ from models import Attempt, db_now
 from tasks.acquisition.claim import Claimed, claim
 from tasks.acquisition.start import Opened, Step, acquire_sandbox, open_attempt
 from tasks.db import session_scope
-from tasks.execution.launch import mark_launching
+from tasks.execution.launch import record_launch
 from tasks.settings import get_settings
 from tests.conftest import PLAYS, ROOT, Worker, _psql, pg_database, worker_env
 from tests.helpers import eventually, kinds
@@ -90,7 +90,8 @@ def test_a_worker_lost_between_launch_record_and_exec_is_retried_not_lost(
     claimed = opened.claimed
     acquired = acquire_sandbox(opened, settings, tasks.app)
     assert acquired.step == Step.LIVE and acquired.ref is not None
-    assert mark_launching(claimed.fence, settings) is not None  # ... and then it died
+    # The sandbox recorded live and the launch recorded, and then it died before exec.
+    assert record_launch(claimed.fence, settings, acquired.ref, acquired.lease_id) is not None
     with session_scope() as session:
         session.execute(sa.update(Attempt).where(Attempt.run_id == handle.id)
                         .values(lease_expires_at=db_now(-1)))

@@ -23,7 +23,8 @@ from tasks.constants import (
     RUNNING,
     TERMINAL_STATUSES,
 )
-from tasks.fence import Fence, lock_run
+from tasks.db import session_scope
+from tasks.fence import Fence
 
 
 class Skip(enum.StrEnum):
@@ -51,26 +52,37 @@ class Skipped:
     reason: Skip
 
 
+def _locked(session: Session, run_id: str) -> tuple[Run, Attempt | None, bool, str] | None:
+    """One round trip: the run row, locked (SKIP LOCKED), with its current attempt, whether
+    it is due by the database clock, and its play's source; None if locked or missing."""
+    due = sa.or_(Run.deferred_until.is_(None), Run.deferred_until <= db_now())
+    stmt = (
+        sa.select(Run, Attempt, due, PlayBundle.source)
+        .outerjoin(Attempt, sa.and_(Attempt.run_id == Run.id,
+                                    Attempt.generation == Run.current_generation))
+        .outerjoin(PlayBundle, PlayBundle.digest == Run.play_digest)
+        .where(Run.id == run_id)
+        .execution_options(populate_existing=True)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True, of=Run)
+    row = session.execute(stmt).first()
+    return None if row is None else (row[0], row[1], bool(row[2]), row[3] or "")
+
+
 def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
           ) -> Claimed | Skipped:
-    run = lock_run(session, run_id, skip_locked=True)
-    if run is None:
+    found = _locked(session, run_id)
+    if found is None:
         exists = session.scalar(sa.select(sa.func.count()).where(Run.id == run_id))
         return Skipped(Skip.LOCKED if exists else Skip.NOT_FOUND)
+    run, current, due, source = found
     if run.status in TERMINAL_STATUSES:
         return Skipped(Skip.TERMINAL)
     if run.cancel_requested_at is not None:
         return Skipped(Skip.CANCEL)
-    due = session.scalar(sa.select(
-        sa.or_(Run.deferred_until.is_(None), Run.deferred_until <= db_now())
-    ).where(Run.id == run_id))
     if not due:
         return Skipped(Skip.NOT_DUE)
-    current = session.scalars(
-        sa.select(Attempt).where(
-            Attempt.run_id == run_id, Attempt.generation == run.current_generation
-        )
-    ).first()
     token = secrets.token_hex(16)
     if current is not None and current.state == ATTEMPT_ACTIVE:
         return Skipped(Skip.ACTIVE)
@@ -100,16 +112,11 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
     run.status = RUNNING
     run.deferred_until = None
     run.updated_at = db_now()
-    source = session.scalar(sa.select(PlayBundle.source).where(
-        PlayBundle.digest == run.play_digest))
-    return Claimed(Fence(run_id, generation, token), run.org_id, source or "", run.input,
-                   resumed)
+    return Claimed(Fence(run_id, generation, token), run.org_id, source, run.input, resumed)
 
 
 def seconds_until_due(run_id: str) -> float | None:
     """How long until a deferred run is due, by the database clock."""
-    from tasks.db import session_scope
-
     with session_scope(readonly=True) as session:
         row = session.execute(sa.select(Run.deferred_until, db_now()).where(
             Run.id == run_id)).first()

@@ -12,8 +12,9 @@ from importlib import resources
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
-from models import Attempt, RuntimeResource, db_now
+from models import Attempt, Run, RuntimeResource, db_now
 from tasks import ledger
 from tasks.acquisition.claim import Claimed
 from tasks.constants import (
@@ -84,46 +85,54 @@ def note_requested(fence: Fence, provider: str) -> None:
 
 
 def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
-    """Record the sandbox live (and promote its capacity lease) under the fence.
+    """Record the sandbox live (and promote its capacity lease) in its own transaction.
 
-    A second report of the same sandbox by the same intact attempt is idempotent
-    success, proven from durable state. If the fence is lost, the sandbox is recorded
-    for cleanup in its own transaction (the caller's release deletes it) and
-    FenceLostError propagates.
+    If the fence is lost, the sandbox is recorded for cleanup in its own transaction (the
+    caller's release deletes it) and FenceLostError propagates.
     """
     try:
-        # Not durable: the launch record that follows is, and flushes this first.
+        # Not durable: what follows it (the launch record) is, and flushes this first.
         with session_scope(durable=False) as session:
-            hold(session, fence)
+            record_live_in(session, fence, ref, promote)
             renew(session, fence, get_settings().lease_seconds)  # a slow create used some
-            known = session.scalars(sa.select(RuntimeResource).where(
-                RuntimeResource.provider == ref.provider,
-                RuntimeResource.sandbox_id == ref.sandbox_id)).first()
-            if known is not None:
-                if not (known.run_id == fence.run_id and known.generation == fence.generation
-                        and known.state == RESOURCE_LIVE):
-                    raise FenceLostError(f"sandbox {ref.sandbox_id} is recorded "
-                                         f"{known.state} for another attempt")
-                if promote is not None:
-                    promote(session, ref)  # proves the lease is live for this very sandbox
-                return
-            session.add(RuntimeResource(
-                run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
-                sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_LIVE,
-                holder_token=fence.lease_token,
-            ))
-            session.execute(sa.update(Attempt).where(
-                Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
-            ).values(provider=ref.provider, sandbox_id=ref.sandbox_id,
-                     host_queue=host_queue(ref.provider)))
-            if promote is not None:
-                promote(session, ref)
-            ledger.append(session, fence.run_id, EV_SANDBOX_LIVE,
-                          {"sandbox_id": ref.sandbox_id, "provider": ref.provider},
-                          fence.generation)
     except FenceLostError:
         record_for_cleanup(fence, ref, "reported after the attempt lost its fence")
         raise
+
+
+def record_live_in(session: Session, fence: Fence, ref: SandboxRef,
+                   promote: Any = None) -> tuple[Run, Attempt]:
+    """Inside the caller's transaction: hold the fence, record the sandbox live and promote
+    its capacity lease; returns the held rows. A second report of the same sandbox by the
+    same intact attempt is idempotent success, proven from durable state. On FenceLostError
+    the caller records the sandbox for cleanup (record_for_cleanup) once it rolled back."""
+    held = hold(session, fence)
+    known = session.scalars(sa.select(RuntimeResource).where(
+        RuntimeResource.provider == ref.provider,
+        RuntimeResource.sandbox_id == ref.sandbox_id)).first()
+    if known is not None:
+        if not (known.run_id == fence.run_id and known.generation == fence.generation
+                and known.state == RESOURCE_LIVE):
+            raise FenceLostError(f"sandbox {ref.sandbox_id} is recorded "
+                                 f"{known.state} for another attempt")
+        if promote is not None:
+            promote(session, ref)  # proves the lease is live for this very sandbox
+        return held
+    session.add(RuntimeResource(
+        run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
+        sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_LIVE,
+        holder_token=fence.lease_token,
+    ))
+    attempt = held[1]
+    attempt.provider = ref.provider
+    attempt.sandbox_id = ref.sandbox_id
+    attempt.host_queue = host_queue(ref.provider)
+    if promote is not None:
+        promote(session, ref)
+    ledger.append(session, fence.run_id, EV_SANDBOX_LIVE,
+                  {"sandbox_id": ref.sandbox_id, "provider": ref.provider},
+                  fence.generation)
+    return held
 
 
 def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:

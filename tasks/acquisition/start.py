@@ -3,7 +3,8 @@
 Every failure here is pre-code: hold, throttle and provider pushback defer the
 attempt (bounded); a full org is a terminal SANDBOX_CAPACITY_EXCEEDED; auth and
 unknown provider errors end the run SANDBOX_START_FAILED. Acquisition stops once the
-sandbox is live: what ends a run is the caller's (tasks/jobs.py) to do.
+provider has made the sandbox: the launch records it live (tasks/execution/launch.py, one
+transaction with the launch record), and what ends a run is the caller's (tasks/jobs.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tasks.acquisition import capacity, permits
 from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.acquisition.deferral import defer
-from tasks.acquisition.sandbox import create, record_live
+from tasks.acquisition.sandbox import create
 from tasks.constants import SANDBOX_START_FAILED
 from tasks.db import session_scope
 from tasks.errors import CapacityExceededError
@@ -45,6 +46,7 @@ class Step(enum.Enum):
 class Acquired:
     step: Step
     ref: SandboxRef | None = None
+    lease_id: str | None = None  # the capacity reservation the sandbox's launch promotes
     code: str = ""
     error: str = ""
     reason: str = ""
@@ -122,9 +124,5 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
         defer(fence, cause, settings, app, detail=str(exc)[:200])  # type: ignore[arg-type]
         return _DEFERRED
     permits.accepted(provider.name)  # the adaptive rate grows on real starts only
-
-    def promote(session: Any, sandbox: SandboxRef) -> None:
-        capacity.promote(session, fence, lease_id, sandbox.provider, sandbox.sandbox_id)
-
-    record_live(fence, ref, promote)
-    return Acquired(Step.LIVE, ref=ref)
+    # The launch records the sandbox live and promotes the lease, in its own transaction.
+    return Acquired(Step.LIVE, ref=ref, lease_id=lease_id)

@@ -15,14 +15,18 @@ import secrets
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
-from models import db_now
+from models import Attempt, Run, db_now
 from tasks import metrics
+from tasks.acquisition import capacity
+from tasks.acquisition.sandbox import record_for_cleanup, record_live_in
 from tasks.constants import RUNNER_FILE
 from tasks.db import after_commit, session_scope
+from tasks.errors import FenceLostError
 from tasks.fence import Fence, hold
 from tasks.gateway import tokens
-from tasks.sandbox import ProviderError, SandboxProvider
+from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
 from tasks.settings import Settings
 
 # The supervisor's hard kill comes this long after the runner's own timeout fires.
@@ -60,24 +64,44 @@ def mark_launching(fence: Fence, settings: Settings) -> str | None:
     return mark.launch_id if mark is not None else None
 
 
-def record_launch(fence: Fence, settings: Settings) -> LaunchMark | None:
+def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None = None,
+                  lease_id: str | None = None) -> LaunchMark | None:
     """mark_launching, also reading the database clock (a worker's clock minutes off must
-    not mint tokens the gateway thinks not yet valid, or expired)."""
+    not mint tokens the gateway thinks not yet valid, or expired). With `sandbox`, the same
+    transaction first records it live and promotes its capacity lease `lease_id`."""
     launch_id = secrets.token_hex(16)
-    with session_scope() as session:
-        run, attempt = hold(session, fence)
-        if run.cancel_requested_at is not None:
-            return None
-        db_time = session.scalar(sa.select(db_now()))
-        assert db_time is not None
-        attempt.launch_id = launch_id
-        attempt.runner_started_at = db_now()
-        # Past this the runner is lost whatever the sandbox says.
-        attempt.runner_deadline = db_now(
-            settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_timeout_s)
-        attempt.lease_expires_at = db_now(settings.heartbeat_timeout_s + STARTUP_GRACE_S)
-        created_at = run.created_at
-        after_commit(session, lambda: metrics.run_started(created_at))
+
+    def promote(session: Session, ref: SandboxRef) -> None:
+        if lease_id is not None:
+            capacity.promote(session, fence, lease_id, ref.provider, ref.sandbox_id)
+
+    try:
+        with session_scope() as session:
+            if sandbox is not None:
+                run, attempt = record_live_in(session, fence, sandbox, promote)
+            else:
+                run, attempt = hold(session, fence)
+            if run.cancel_requested_at is not None:
+                return None  # committed: the sandbox is on record, so the release deletes it
+            return _mark(session, run, attempt, launch_id, settings)
+    except FenceLostError:
+        if sandbox is not None:
+            record_for_cleanup(fence, sandbox, "reported after the attempt lost its fence")
+        raise
+
+
+def _mark(session: Session, run: Run, attempt: Attempt, launch_id: str,
+          settings: Settings) -> LaunchMark:
+    db_time = session.scalar(sa.select(db_now()))
+    assert db_time is not None
+    attempt.launch_id = launch_id
+    attempt.runner_started_at = db_now()
+    # Past this the runner is lost whatever the sandbox says.
+    attempt.runner_deadline = db_now(
+        settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_timeout_s)
+    attempt.lease_expires_at = db_now(settings.heartbeat_timeout_s + STARTUP_GRACE_S)
+    created_at = run.created_at
+    after_commit(session, lambda: metrics.run_started(created_at))
     return LaunchMark(launch_id, db_time.timestamp())
 
 
@@ -107,9 +131,11 @@ def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings,
     }
 
 
-def launch(fence: Fence, provider: SandboxProvider, sandbox_id: str, org_id: str,
-           settings: Settings) -> Launched:
-    mark = record_launch(fence, settings)
+def launch(fence: Fence, provider: SandboxProvider, sandbox: SandboxRef, lease_id: str | None,
+           org_id: str, settings: Settings) -> Launched:
+    """Record the sandbox live and the launch (one durable transaction), then exec."""
+    sandbox_id = sandbox.sandbox_id
+    mark = record_launch(fence, settings, sandbox, lease_id)
     if mark is None:
         return Launched(Launch.CANCELLED)
     launch_id = mark.launch_id

@@ -12,6 +12,7 @@ from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_DELETED
 from tasks.db import session_scope
 from tasks.errors import PlayrunError
 from tasks.fence import lock_run
+from tasks.runtime import provider
 
 log = logging.getLogger("playrun.release")
 
@@ -19,8 +20,6 @@ log = logging.getLogger("playrun.release")
 def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_id: str,
                     generation: int) -> bool:
     """Delete one sandbox at its provider, then mark it deleted (once). True if deleted."""
-    from tasks.runtime import provider
-
     try:
         provider(provider_name).delete(sandbox_id)
     except (PlayrunError, OSError) as exc:

@@ -130,18 +130,22 @@ def kill_tree(roots: Iterable[int]) -> set[int]:
     return stopped
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write tmp, fsync, rename, fsync the directory: readers see all or nothing."""
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write tmp, fsync, rename, fsync the directory: readers see all or nothing (and,
+    if durable, so does the disk after a power loss)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    if not durable:
+        return
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
@@ -518,7 +522,8 @@ class _Strict:
                 "bwrap_pid": self.pid,
                 "cgroup": str(self.cgroup) if self.cgroup else None,
             }
-            write_atomic(control / NS_FILE, json.dumps(record).encode())
+            # Not fsynced: a power loss ends the namespace and everything in it.
+            write_atomic(control / NS_FILE, json.dumps(record).encode(), durable=False)
             os.write(block_w, b"1")  # recorded: now let the command start
         finally:
             os.close(info_r)

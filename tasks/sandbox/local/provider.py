@@ -175,7 +175,9 @@ class LocalProvider:
             ctl_tmp.mkdir(mode=0o700)
             (ctl_tmp / SUPERVISOR_FILE).write_bytes(SUPERVISOR_SOURCE)
             (ctl_tmp / SUPERVISOR_FILE).chmod(0o600)
-            sup.write_atomic(ctl_tmp / META_FILE, json.dumps(meta).encode())
+            # Not fsynced: the renames that publish it are not either, and no sandbox process
+            # outlives a power loss; what must survive one is the process record (exec).
+            sup.write_atomic(ctl_tmp / META_FILE, json.dumps(meta).encode(), durable=False)
             ctl_tmp.rename(control)
             tmp.rename(self.root / sandbox_id)
         except OSError as exc:

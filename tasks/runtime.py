@@ -24,8 +24,14 @@ def provider(name: str | None = None) -> SandboxProvider:
     return _provider(name or settings.sandbox_provider, str(settings.sandbox_root), os.getpid())
 
 
+# Set by a worker's main process at start-up (inherited by its pool children), so the
+# attempts a node claims name it and its next life can take back what this one left.
+NODE_ENV = "PLAYRUN_WORKER_NODE"
+
+
 def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    node = os.environ.get(NODE_ENV)
+    return f"{node}:{os.getpid()}" if node else f"{socket.gethostname()}:{os.getpid()}"
 
 
 def host_queue(provider_name: str | None = None) -> str | None:

@@ -9,9 +9,13 @@ import uuid
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 import tasks
+from models import Attempt, db_now
 from tasks.acquisition import policy
+from tasks.acquisition.claim import Claimed, claim
+from tasks.db import session_scope
 from tasks.maintenance.held import held_runs, note_done, note_held, take_held
 from tests.conftest import ROOT, TEST_REDIS_URL, Worker, worker_env
 from tests.helpers import eventually
@@ -63,3 +67,36 @@ def test_a_restarted_worker_resends_the_starts_it_held(pg_url: str) -> None:
     assert result.status == "succeeded", result
     assert "re-sent 1 start(s)" in second.output()
     assert handle.id not in held_runs(client, name)
+
+
+def _claim_as(run_id: str, worker: str) -> None:
+    with session_scope() as session:
+        assert isinstance(claim(session, run_id, worker_id=worker, lease_seconds=600), Claimed)
+
+
+def test_a_restarted_worker_ends_the_leases_its_last_life_claimed(pg_url: str) -> None:
+    """A previous life of this node claimed a run and died before launching it: its 10-minute
+    lease is ended when the node starts again, and the run is retried within seconds.
+    Another node's claim is left alone."""
+    name = f"back{uuid.uuid4().hex[:6]}@test"
+    org = f"org-{uuid.uuid4().hex[:6]}"
+    mine = tasks.submit_run(NOOP, input={}, org_id=org)
+    theirs = tasks.submit_run(NOOP, input={}, org_id=org)
+    _claim_as(mine.id, f"{name}:4242")  # its last life, now gone
+    _claim_as(theirs.id, f"other{name}:4242")  # a node name that merely ends the same
+    worker = Worker(worker_env(**FAST_RECOVERY), name=name, beat=True)
+    try:
+        worker.wait_ready()
+        result = mine.wait(timeout=45)
+    finally:
+        worker.stop()
+    assert result.status == "succeeded", result
+    assert "ended the leases of 1 attempt(s)" in worker.output()
+    deferred = [e.data for e in tasks.run_events(mine.id) if e.kind == "run.deferred"]
+    assert [d["cause"] for d in deferred] == ["worker_lost"]
+    assert [a.generation for a in tasks.get_run(mine.id).attempts] == [1]
+    with session_scope(readonly=True) as session:
+        other = session.execute(sa.select(Attempt.worker_id, Attempt.lease_expires_at > db_now())
+                                .where(Attempt.run_id == theirs.id)).one()
+    assert other == (f"other{name}:4242", True)
+    assert tasks.get_run(theirs.id).status == "running"

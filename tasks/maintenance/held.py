@@ -14,13 +14,16 @@ A node that never returns leaves its runs to the outbox sweep, as before.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import redis
 from celery.signals import task_postrun, task_received, worker_init
 
 from tasks.constants import KEY_HELD_STARTS, QUEUE, TASK_START_ATTEMPT
+from tasks.maintenance.restart import end_previous_leases
 from tasks.notify import redis_client
+from tasks.runtime import NODE_ENV
 
 log = logging.getLogger("playrun.held")
 
@@ -93,6 +96,16 @@ def connect(app: Any) -> None:
         node = getattr(sender, "hostname", None)
         if not node:
             return
+        os.environ[NODE_ENV] = node  # before the pool forks: its children claim as this node
+        try:
+            ended = end_previous_leases(node)
+        except Exception as exc:  # noqa: BLE001 - the leases then expire on their own
+            log.warning("cannot end the leases this worker held when it last stopped: %s", exc)
+        else:
+            if ended:
+                log.warning("ended the leases of %d attempt(s) this worker claimed but never "
+                            "launched when it last stopped; the reaper retries them",
+                            len(ended))
         try:
             held = take_held(redis_client(), node)
             for run_id in held:

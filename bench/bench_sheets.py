@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,16 +25,10 @@ import httpx
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import bench_env
+from bench.common import bench_env, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAY = ROOT / "tests" / "plays" / "sheet_enrich.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_gateway(env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tasks.cli_output import console, live_status
 from tasks.constants import DEV_STATE_FILE
-from tasks.embedded import Stack, free_port
+from tasks.embedded import Stack, free_port, pid_alive
 from tasks.errors import ConfigurationError
 
 # What a stack started elsewhere decides for this process; nothing else is taken over.
@@ -44,16 +44,6 @@ def state_path() -> Path:
     return home() / DEV_STATE_FILE
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def read_state() -> dict[str, Any] | None:
     """The running dev stack's state, or None (no file, unreadable, or its process gone)."""
     try:
@@ -62,7 +52,7 @@ def read_state() -> dict[str, Any] | None:
         env = {k: str(v) for k, v in state["env"].items() if k in _SHARED}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return {"pid": pid, "env": env} if _alive(pid) else None
+    return {"pid": pid, "env": env} if pid_alive(pid) else None
 
 
 def apply_state(environ: dict[str, str] | Any = os.environ) -> bool:

@@ -33,6 +33,17 @@ def redis_server_binary() -> str:
     return found
 
 
+def pid_alive(pid: int) -> bool:
+    """A process with this pid exists (ours or not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

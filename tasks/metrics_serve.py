@@ -19,6 +19,7 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server, values
 
 from tasks import metrics
+from tasks.embedded import pid_alive
 from tasks.settings import Settings, parse_addr
 
 log = logging.getLogger("playrun.metrics")
@@ -56,21 +57,11 @@ def serve(kind: Kind, settings: Settings, registry: CollectorRegistry) -> str | 
     return url
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale(root: Path) -> None:
     """Directories and URL files of processes that are gone (a killed worker's, say)."""
     for entry in root.glob("*-*"):
         pid = entry.name.rsplit("-", 1)[-1].removesuffix(".url")
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

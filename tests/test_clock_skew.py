@@ -13,7 +13,7 @@ import pytest
 
 import tasks
 from tasks.execution.launch import Launch, launch
-from tasks.sandbox import SandboxProvider
+from tasks.sandbox import SandboxProvider, SandboxRef
 from tasks.settings import get_settings
 from tests.conftest import Gateway
 from tests.support import must_claim, new_run
@@ -40,7 +40,8 @@ def test_a_skewed_worker_launches_a_runner_the_gateway_accepts(
     real = time.time
     with monkeypatch.context() as m:
         m.setattr(time, "time", lambda: real() + skew_s)  # the worker's clock, minutes off
-        launched = launch(fence, cast(SandboxProvider, provider), "sb-skew",
+        sandbox = SandboxRef("fake", f"sb-skew-{run_id[:8]}", {}, real())
+        launched = launch(fence, cast(SandboxProvider, provider), sandbox, None,
                           tasks.get_run(run_id).org_id, get_settings())
     assert launched.step is Launch.LAUNCHED
     answer: Any = call(gateway, provider.env["PLAYRUN_TOKEN"], {"action": "heartbeat"})

@@ -10,7 +10,10 @@ timed from the first submit to the last terminal (database clock).
 plain Celery: two `celery -A bench.plain_app worker --concurrency=2` on the same Redis; N
 `count.delay()` (a task that INCRs a Redis key), timed from the first publish until the
 counter reads N.
---long M: then M more playrun runs, and the worker trees' RSS after 100 and after M+100.
+--long N: also the workers' RSS after 100 runs and after N runs (counting the warm-up and
+the N throughput runs), for their main processes and their pool children, sum and max
+(beat then runs as its own process, so a worker's descendants are its pool children).
+A line per 1,000 runs goes to stderr, to tell a steady growth from a step.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from bench.common import (  # noqa: E402
     Child,
     bench_env,
     gateway_env,
+    rss,
+    start_beat,
     start_gateway,
     start_worker,
     stop_on_sigterm,
-    tree_rss,
+    tree_pids,
 )
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
@@ -110,11 +115,36 @@ def submit_and_wait(n: int, org: str) -> float:
     return n / (last.timestamp() - t0)
 
 
+def worker_rss(workers: list[Child]) -> dict[str, list[int]]:
+    """RSS in bytes of each worker's main process, and of each of their pool children."""
+    return {"main": [rss(w.pid) for w in workers],
+            "children": [rss(p) for w in workers for p in tree_pids(w.pid) if p != w.pid]}
+
+
+def rss_table(first: dict[str, list[int]], last: dict[str, list[int]], n: int) -> str:
+    rows = [f"{'worker RSS, MB':34} {'after 100':>10} {f'after {n}':>12} {'ratio':>7}"]
+    for label, key, f in [("main processes, sum", "main", sum),
+                          ("main processes, max", "main", max),
+                          ("pool children, sum", "children", sum),
+                          ("pool children, max", "children", max)]:
+        a, b = f(first[key]), f(last[key])
+        rows.append(f"{label:34} {a / 2**20:10.1f} {b / 2**20:12.1f} {b / a:7.3f}")
+    a = sum(first["main"]) + sum(first["children"])
+    b = sum(last["main"]) + sum(last["children"])
+    rows.append(f"{'worker trees, sum':34} {a / 2**20:10.1f} {b / 2**20:12.1f} {b / a:7.3f}")
+    counts = f"{len(first['children'])} -> {len(last['children'])}"
+    rows.append(f"(pool children: {counts}; a changed count means a child was replaced)")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", type=int, default=300)
-    parser.add_argument("--long", type=int, default=0, help="runs for the memory figure")
+    parser.add_argument("--long", type=int, default=0,
+                        help="RSS after 100 runs and after this many in all")
     args = parser.parse_args()
+    if args.long and args.long < 100 + args.n:
+        parser.error(f"--long counts every run: it must be at least 100 + n = {100 + args.n}")
     stop_on_sigterm()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
     with bench_env(redis_db=13) as env:
@@ -137,30 +167,35 @@ def main() -> None:
                                          str(root)], env, log_dir)
             procs.append(host)
             host.wait_for("ready")
-            workers = [start_worker(env, log_dir, f"tp{i}", concurrency=2, beat=i == 0)
-                       for i in range(2)]
+            if args.long:  # beat on its own: the workers' trees are then their pools alone
+                procs.append(start_beat(env, log_dir))
+            workers = [start_worker(env, log_dir, f"tp{i}", concurrency=2,
+                                    beat=i == 0 and not args.long) for i in range(2)]
             procs += workers
             submit_and_wait(20, org)  # warm: imports, pools, connections
-            rate = submit_and_wait(args.n, org)
-            rss = []
+            snapshots = []
             if args.long:
                 submit_and_wait(100 - 20, org)
-                rss.append(sum(tree_rss(w.pid) for w in workers))
-                done = 0
+                snapshots.append(worker_rss(workers))
+            rate = submit_and_wait(args.n, org)
+            if args.long:
+                done = 100 + args.n
                 while done < args.long:
-                    batch = min(1000, args.long - done)
+                    batch = min(1000 - done % 1000, args.long - done)
                     submit_and_wait(batch, org)
                     done += batch
-                rss.append(sum(tree_rss(w.pid) for w in workers))
+                    now = worker_rss(workers)
+                    print(f"{done:6} runs: main {sum(now['main']) / 2**20:6.1f} MB, children "
+                          f"{sum(now['children']) / 2**20:6.1f} MB", file=sys.stderr, flush=True)
+                snapshots.append(worker_rss(workers))
         finally:
             for p in reversed(procs):
                 p.stop()
     print(f"{args.n} no-op runs, 2 workers x --concurrency=2, fake provider (hosted runners)")
     print(f"{'plain Celery count.delay(), end to end':44} {plain_rate:8.1f} /s   1.00")
     print(f"{'playrun submit_run -> terminal':44} {rate:8.1f} /s   {rate / plain_rate:.3f}")
-    if rss:
-        print(f"worker trees' RSS after 100 runs {rss[0] / 2**20:.0f} MB, after {args.long + 100}"
-              f" runs {rss[1] / 2**20:.0f} MB: ratio {rss[1] / rss[0]:.3f}")
+    if args.long:
+        print(rss_table(snapshots[0], snapshots[1], args.long))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -223,10 +224,11 @@ def start_gateway(env: dict[str, str], log_dir: Path, name: str = "gateway") -> 
 
 
 def start_worker(env: dict[str, str], log_dir: Path, name: str, *, concurrency: int = 2,
-                 beat: bool = False, loglevel: str = "INFO") -> Child:
+                 beat: bool = False, loglevel: str = "INFO",
+                 extra: tuple[str, ...] = ()) -> Child:
     args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-n", f"{name}@bench",
             f"--concurrency={concurrency}", f"--loglevel={loglevel}", "--without-mingle",
-            "--without-gossip"]
+            "--without-gossip", *extra]
     if beat:
         args.append("--beat")
     worker = Child(name, args, env, log_dir)
@@ -236,6 +238,18 @@ def start_worker(env: dict[str, str], log_dir: Path, name: str, *, concurrency: 
         worker.stop()
         raise
     return worker
+
+
+def start_beat(env: dict[str, str], log_dir: Path, name: str = "beat") -> Child:
+    """A standalone `celery -A tasks beat` (a worker's tree then holds only its pool)."""
+    beat = Child(name, [sys.executable, "-m", "celery", "-A", "tasks", "beat",
+                        "--loglevel=INFO"], env, log_dir)
+    try:
+        beat.wait_for("beat: Starting", timeout=90)
+    except BaseException:
+        beat.stop()
+        raise
+    return beat
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -259,19 +273,21 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
+def rss(pid: int) -> int:
+    """Resident set size of one process in bytes (VmRSS from /proc); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def tree_rss(pid: int) -> int:
-    """Resident set size in bytes, summed over the process tree (VmRSS from /proc)."""
-    total = 0
-    for p in tree_pids(pid):
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except OSError:
-            continue
-    return total
+    """Resident set size in bytes, summed over the process tree."""
+    return sum(rss(p) for p in tree_pids(pid))
 
 
 def tree_cpu(pid: int) -> float:
@@ -296,3 +312,47 @@ def xact_commits(datname: str) -> int:
         row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s",
                            (datname,)).fetchone()
     return int(row[0]) if row else 0
+
+
+@contextmanager
+def private_servers(log_dir: Path, pg_options: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """(PostgreSQL base URL, Redis base URL) of servers of our own, stopped after: for counts
+    that other users of the shared servers would blur. `pg_options`: `-c name=value` pairs.
+    Their logs are log_dir/postgres.log and log_dir/redis.log."""
+    postgres = shutil.which("postgres")
+    initdb = shutil.which("initdb")
+    redis_server = shutil.which("redis-server") or shutil.which("valkey-server")
+    if not (postgres and initdb and redis_server):
+        raise SystemExit("private servers need postgres, initdb and redis-server on PATH")
+    data = log_dir / "pgdata"
+    data.mkdir()
+    as_user: list[str] = []
+    # PostgreSQL refuses to run as root: run it as `postgres`. The uid change clears
+    # PR_SET_PDEATHSIG, so only the `finally` below stops it (not a SIGKILLed bench).
+    if os.geteuid() == 0:
+        user = pwd.getpwnam("postgres")
+        os.chown(data, user.pw_uid, user.pw_gid)
+        os.chmod(log_dir, 0o755)
+        as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                   "--init-groups"]
+    with open(log_dir / "initdb.log", "wb") as log:
+        subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust",
+                        "-E", "utf8"], stdout=log, stderr=subprocess.STDOUT, cwd=data,
+                       check=True, timeout=120)
+    pg_port, redis_port = free_port(), free_port()
+    servers = [
+        Child("postgres", [*as_user, postgres, "-D", str(data), "-p", str(pg_port),
+                           "-c", "listen_addresses=127.0.0.1",
+                           "-c", f"unix_socket_directories={data}",
+                           *pg_options], dict(os.environ), log_dir),
+        Child("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1",
+                        "--save", "", "--appendonly", "no", "--dir", str(log_dir)],
+              dict(os.environ), log_dir)]
+    try:
+        servers[0].wait_for("ready to accept connections", timeout=60)
+        servers[1].wait_for("Ready to accept connections", timeout=60)
+        yield (f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}",
+               f"redis://127.0.0.1:{redis_port}")
+    finally:
+        for server in servers:
+            server.stop()

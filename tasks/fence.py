@@ -115,14 +115,17 @@ def launch_filter(fence: LaunchFence) -> sa.ColumnElement[bool]:
                    Attempt.generation == current)
 
 
-def hold_launch(session: Session, fence: LaunchFence) -> tuple[Run, Attempt]:
+def hold_launch(session: Session, fence: LaunchFence, run: Run | None = None
+                ) -> tuple[Run, Attempt]:
     """The fence for writes a runner makes through the gateway, in the caller's transaction.
 
     The runner's launch id, not the worker's lease token, names the writer: the reaper may
     adopt the attempt under a new token while the runner it launched is still the one
     running. Its silence is judged by the reaper (heartbeat deadline), not here.
+    `run`: the run row the caller already locked in this transaction.
     """
-    run = lock_run(session, fence.run_id)
+    if run is None:
+        run = lock_run(session, fence.run_id)
     if run is None or run.current_generation != fence.generation:
         raise FenceLostError(f"run {fence.run_id} generation {fence.generation} is not current")
     if run.status in TERMINAL_STATUSES:

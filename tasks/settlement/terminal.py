@@ -21,6 +21,7 @@ from tasks.constants import (
     TERMINAL_STATUSES,
 )
 from tasks.db import after_commit, session_scope
+from tasks.errors import FenceLostError
 from tasks.fence import Fence, LaunchFence, hold, hold_launch, lock_run
 from tasks.notify import run_settled
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
@@ -100,10 +101,15 @@ def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
 
     def write(chosen: Outcome) -> Settled:
         with session_scope() as session:
-            run = lock_run(session, fence.run_id)
-            if run is not None and run.status in TERMINAL_STATUSES:
+            try:
+                run, attempt = hold(session, fence, allow_terminal=True)  # one round trip
+            except FenceLostError:
+                ended = lock_run(session, fence.run_id)
+                if ended is not None and ended.status in TERMINAL_STATUSES:
+                    return Settled(False, _current(ended))
+                raise
+            if run.status in TERMINAL_STATUSES:
                 return Settled(False, _current(run))
-            run, attempt = hold(session, fence)
             if run.cancel_requested_at is not None:
                 # A cancel recorded before any terminal won decides the outcome (SPEC 4.10).
                 return _end(session, run, attempt, CANCELLED_OUTCOME, CANCEL_REASON)
@@ -124,7 +130,7 @@ def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
             run = lock_run(session, fence.run_id)
             if run is not None and run.status in TERMINAL_STATUSES:
                 return Settled(False, _current(run))
-            run, attempt = hold_launch(session, fence)
+            run, attempt = hold_launch(session, fence, run)
             if run.cancel_requested_at is not None:
                 return Settled(False, CANCELLED_OUTCOME)
             return _end(session, run, attempt, chosen, "pushed")

@@ -4,9 +4,10 @@
 
 Each kind gets its own stack (a `playrun gateway`, beat, two workers of two slots, the
 local provider with process isolation) on a fresh PostgreSQL database and Redis db (or
-the private servers the kind restarts). n runs of bench/plays/chaos_mix.py (six short
-in ten, one 4 s long, one failing, two using ctx.step) are submitted over --spread-s; a
-third of the way in the fault is injected. Then a probe run is submitted until one
+the private servers the kind restarts). n runs of bench/plays/chaos_mix.py (five short
+in ten, one mapping 20-50 rows into its own ctx.sheet table, one 4 s long, one failing,
+two using ctx.step) are submitted over --spread-s; a third of the way in the fault is
+injected. Then a probe run is submitted until one
 succeeds (time to recover, from the fault's end), every run is waited for until its
 deadline, and releases and sandbox GC get a minute to finish.
 
@@ -14,7 +15,9 @@ Columns: submitted (refused submits shown apart), succeeded, failed by code, une
 (a status other than the play's own: a failing play fails, the others succeed), lost
 (not terminal at the end), doubled (a play or step that executed twice, by a count of
 lines each execution appends to a host file), stuck (terminal later than DEADLINE_S
-after admission, or never), capacity slots, resource records and sandboxes left.
+after admission, or never), capacity slots, resource records and sandboxes left; for
+sheet runs, rows that tasks.sheet_rows shows missing, extra, not done or with a value
+other than the play's (in runs that succeeded), and rows whose fn ran twice.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from bench.chaoslib.harness import DEADLINE_S  # noqa: E402
 from bench.chaoslib.suite import Plan, run_kind  # noqa: E402
 from bench.common import stop_on_sigterm  # noqa: E402
 
-HELD = ("lost", "doubled", "stuck", "slots", "resources", "sandboxes")
+HELD = ("lost", "doubled", "stuck", "slots", "resources", "sandboxes", "sheet_wrong",
+        "sheet_doubled")
 RECOVERY_BOUND_S = 60.0  # the README's promise: back to work on their own within this
 
 
@@ -71,12 +75,18 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
                        ("sandboxes", "orphan sandboxes"), ("resources", "resources not deleted"),
                        ("slots", "capacity slots held")):
         row(label, lambda r, key=key: r[key])
+    row("sheet runs (rows)", lambda r: f"{r['sheet_runs']} ({r['sheet_rows']})")
+    row("sheet rows wrong/missing", lambda r: r["sheet_wrong"])
+    row("sheet rows run twice", lambda r: r["sheet_doubled"])
     row("time to recover, s", lambda r: "n/a (no end)" if r["no_fault_end"] else
         (f"{r['recovery_s']:.1f}" if r["recovery_s"] is not None else "never"))
     row("probe run, no fault, s", lambda r: f"{r['baseline_s']:.1f}"
         if r["baseline_s"] is not None else "never")
     row("load average (1 min)", lambda r: f"{r['load']:.1f}")
     row("invariants", lambda r: "hold" if holds(r) else "BROKEN")
+    for name, r in ran.items():
+        for bad in r["sheet_bad"]:
+            lines.append(f"{name}: sheet rows wrong in run {bad}")
     for name, r in results.items():
         for what in ("skipped", "error"):
             if what in r:

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 
 from bench.bench_recovery import Workers
+from bench.chaoslib.sheets import ROW_S, check_sheets, rows_for
 from bench.common import Child, start_gateway
 
 PLAY = Path(__file__).resolve().parent.parent / "plays" / "chaos_mix.py"
@@ -47,11 +48,16 @@ STACK_SETTINGS = {
     "PLAYRUN_GC_INTERVAL_S": "2",
     "PLAYRUN_GC_GRACE_S": "5",
     "PLAYRUN_RELEASE_GRACE_S": "5",
+    # Small sheet pages and writes: a map makes several of each, so a fault lands between.
+    "PLAYRUN_SHEET_PAGE_ROWS": "10",
+    "PLAYRUN_SHEET_WRITE_ROWS": "5",
 }
 
-# The mix, by run index modulo 10: six short no-ops, one long, one failing, two steps.
-MIX = ["short"] * 6 + ["long", "fail", "step", "step"]
-EXPECTED = {"short": "succeeded", "long": "succeeded", "step": "succeeded", "fail": "failed"}
+# The mix, by run index modulo 10: five short no-ops, one sheet map, one long, one
+# failing, two steps (the sheet at 4, so the 5-run test has one).
+MIX = ["short"] * 4 + ["sheet", "short", "long", "fail", "step", "step"]
+EXPECTED = {"short": "succeeded", "long": "succeeded", "step": "succeeded", "fail": "failed",
+            "sheet": "succeeded"}
 
 
 class Stack:
@@ -131,6 +137,8 @@ class Load:
             payload = {"i": i, "kind": kind, "tag": self.tag, "mark": str(self.marks / "play"),
                        "step_mark": str(self.marks / "step"),
                        "seconds": 4.0 if kind == "long" else 0.1}
+            if kind == "sheet":
+                payload.update(rows=rows_for(i), row_s=ROW_S, row_mark=str(self.marks / "row"))
             try:
                 run_id = tasks.submit_run(PLAY, input=payload, org_id=self.org).id
             except Exception as exc:  # a refused submit is what a user sees: counted
@@ -225,6 +233,7 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
     statuses: Counter[str] = Counter()
     codes: Counter[str] = Counter()
     unexpected = 0
+    sheets = check_sheets(load, {r[0]: r[1] for r in rows})
     for rid, status, code, _took, _deferred in rows:
         statuses[status] += 1
         if status == "failed":
@@ -247,6 +256,7 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
         # The commit may have happened before the connection died: the caller saw an error
         # for a run that exists (a retry with the same idempotency key finds it).
         "refused_but_ran": sum(1 for i in load.refused if marks[str(i)]),
+        **sheets,
     }
 
 

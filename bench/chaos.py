@@ -71,6 +71,9 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
     row("deferred before code", lambda r: r["deferred"])
     row("start tasks received w0/w1", lambda r: "/".join(
         str(v) for _, v in sorted(r["starts_by_worker"].items())))
+    row("  of them after the fault", lambda r: "/".join(
+        str(v) for _, v in sorted(r["starts_after_fault"].items()))
+        if r.get("starts_after_fault") is not None else "n/a")
     for key, label in (("lost", "lost"), ("doubled", "doubled"), ("stuck", "stuck past deadline"),
                        ("sandboxes", "orphan sandboxes"), ("resources", "resources not deleted"),
                        ("slots", "capacity slots held")):

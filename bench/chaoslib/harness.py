@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -260,13 +261,23 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
     }
 
 
-def starts_by_worker(stack: Stack) -> dict[str, int]:
-    """start_attempt deliveries each worker received (from its log, all its lives)."""
+def starts_by_worker(stack: Stack, since: float | None = None) -> dict[str, int]:
+    """start_attempt deliveries each worker received (from its log, all its lives); with
+    `since` (a time.time()), only those logged from then on: does it consume again?"""
     assert stack.workers is not None
     needle = b"Task playrun.start_attempt["
     return {w.name: sum(1 for line in w.log_path.read_bytes().splitlines()
-                        if needle in line and line.endswith(b"received"))
+                        if needle in line and line.endswith(b"received")
+                        and (since is None or _logged_at(line) >= since))
             for w in stack.workers.workers}
+
+
+def _logged_at(line: bytes) -> float:
+    """A Celery log line's time ("[2026-12-01 16:50:31,432: INFO/..."), local time."""
+    try:
+        return datetime.strptime(line[1:24].decode(), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return 0.0
 
 
 def load_average() -> str:

@@ -90,13 +90,15 @@ def _run(fault: Fault, plan: Plan, log_dir: Path, marks: Path) -> dict[str, Any]
         load = Load(plan.n, plan.spread_s, marks).start()
         time.sleep(plan.spread_s / 3)
         fault_end = fault.inject(stack, plan.fault_s)
+        end_wall = None if fault_end is None else time.time() - (time.monotonic() - fault_end)
         recovery = probe_recovery(fault_end) if fault_end is not None else None
         load.join()
         wait_terminal(env, load.ids)
         loads.append(os.getloadavg()[0])
         left = settle(env)
         starts = starts_by_worker(stack)
+        after = starts_by_worker(stack, since=end_wall) if end_wall is not None else None
         return {**check(env, load), **left, "recovery_s": recovery, "baseline_s": baseline,
-                "starts_by_worker": starts,
+                "starts_by_worker": starts, "starts_after_fault": after,
                 "no_fault_end": fault_end is None, "load": max(loads),
                 "loadavg": load_average()}

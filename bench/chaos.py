@@ -79,6 +79,7 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
                        ("slots", "capacity slots held")):
         row(label, lambda r, key=key: r[key])
     row("sheet runs (rows)", lambda r: f"{r['sheet_runs']} ({r['sheet_rows']})")
+    row("  in flight in the fault", lambda r: r.get("sheet_during_fault", "?"))
     row("sheet rows wrong/missing", lambda r: r["sheet_wrong"])
     row("sheet rows run twice", lambda r: r["sheet_doubled"])
     row("time to recover, s", lambda r: "n/a (no end)" if r["no_fault_end"] else

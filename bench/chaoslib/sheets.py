@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 PLAY = Path(__file__).resolve().parent.parent / "plays" / "chaos_mix.py"
-ROW_S = 0.05  # per row: 20-50 rows take 1-2.5 s, long enough for a fault to land mid-map
+ROW_S = 0.1  # per row: 20-50 rows take 2-5 s, so a fault lands mid-map in one or two runs
 
 
 def rows_for(i: int) -> int:

@@ -111,7 +111,9 @@ def _run(fault: Fault, plan: Plan, log_dir: Path, marks: Path) -> dict[str, Any]
         left = settle(env)
         starts = starts_by_worker(stack)
         after = starts_by_worker(stack, since=end_wall) if end_wall is not None else None
-        during = sheets_in_flight(env, load, start_wall, end_wall or time.time())
+        # A fault with no end (a skewed clock) is on for every run.
+        during = sheets_in_flight(env, load, start_wall if end_wall else 0.0,
+                                  end_wall or time.time())
         return {**check(env, load), **left, "recovery_s": recovery, "baseline_s": baseline,
                 "sheet_during_fault": during,
                 "starts_by_worker": starts, "starts_after_fault": after,

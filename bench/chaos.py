@@ -55,11 +55,10 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
              f"{plan.fault_s:g} s, deadline {DEADLINE_S:g} s, recovery bound "
              f"{RECOVERY_BOUND_S:g} s"]
     names = list(ran)
-    width = max([20, *(len(n) + 2 for n in names)])
-    lines.append(f"{'':26}" + "".join(f"{n:>{width}}" for n in names))
+    cells: list[tuple[str, list[str]]] = []
 
     def row(label: str, fn: Any) -> None:
-        lines.append(f"{label:26}" + "".join(f"{fn(ran[n]):>{width}}" for n in names))
+        cells.append((label, [str(fn(ran[n])) for n in names]))
 
     row("submitted (refused)", lambda r: f"{r['submitted']} ({sum(r['submit_errors'].values())})")
     row("succeeded", lambda r: r["succeeded"])
@@ -88,6 +87,12 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
         if r["baseline_s"] is not None else "never")
     row("load average (1 min)", lambda r: f"{r['load']:.1f}")
     row("invariants", lambda r: "hold" if holds(r) else "BROKEN")
+    # Columns as wide as their widest cell: a long "failed by code" must not run into the next.
+    width = max([20, *(len(n) + 2 for n in names),
+                 *(len(c) + 2 for _, row_cells in cells for c in row_cells)])
+    lines.append(f"{'':26}" + "".join(f"{n:>{width}}" for n in names))
+    lines.extend(f"{label:26}" + "".join(f"{c:>{width}}" for c in row_cells)
+                 for label, row_cells in cells)
     for name, r in ran.items():
         for bad in r["sheet_bad"]:
             lines.append(f"{name}: sheet rows wrong in run {bad}")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 PLAY = Path(__file__).resolve().parent.parent / "plays" / "chaos_mix.py"
-ROW_S = 0.1  # per row: 20-50 rows take 2-5 s, so a fault lands mid-map in one or two runs
+ROW_S = 0.2  # per row: 20-50 rows take 4-10 s, so a fault lands mid-map in a run or two
 
 
 def rows_for(i: int) -> int:

@@ -31,7 +31,7 @@ def sheet_value(i, n):
 def _sheet(ctx, input, i):
     # A table per run: another run of this play on the same table would supersede its rows.
     sheet = ctx.sheet(f"chaos-{input['tag']}-{i}")
-    pause = float(input.get("row_s", 0.1))
+    pause = float(input.get("row_s", 0.2))
 
     def enrich(row):
         _append(input.get("row_mark"), f"{i}:{row['k']}")

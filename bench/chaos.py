@@ -96,6 +96,7 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
     for name, r in ran.items():
         for bad in r["sheet_bad"]:
             lines.append(f"{name}: sheet rows wrong in run {bad}")
+        lines.extend(f"{name}: unexpected: {u}" for u in r.get("unexpected_sample", []))
     for name, r in results.items():
         for what in ("skipped", "error"):
             if what in r:

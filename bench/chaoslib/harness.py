@@ -225,7 +225,7 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
     with db(env) as conn:
         rows = conn.execute(
             "SELECT id, status, code, extract(epoch FROM coalesce(finished_at, now()) "
-            "- created_at), deferral_count FROM runs WHERE id = ANY(%s)",
+            "- created_at), deferral_count, error FROM runs WHERE id = ANY(%s)",
             (load.ids,)).fetchall()
     marks = Counter((load.marks / "play").read_text().split()) \
         if (load.marks / "play").exists() else Counter()
@@ -234,19 +234,24 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
     statuses: Counter[str] = Counter()
     codes: Counter[str] = Counter()
     unexpected = 0
+    samples: list[str] = []  # what a user would read on the first unexpected outcomes
     sheets = check_sheets(load, {r[0]: r[1] for r in rows})
-    for rid, status, code, _took, _deferred in rows:
+    for rid, status, code, _took, _deferred, error in rows:
         statuses[status] += 1
         if status == "failed":
             codes[code or "?"] += 1
         if status != EXPECTED[load.kinds[rid]]:
             unexpected += 1
+            if len(samples) < 5:
+                samples.append(f"{rid} ({load.kinds[rid]} #{load.index[rid]}): {status} "
+                               f"{code}: {(error or '')[-300:]}")
     return {
         "submitted": len(load.ids),
         "submit_errors": dict(load.submit_errors),
         "succeeded": statuses["succeeded"],
         "failed": dict(codes),
         "unexpected": unexpected,
+        "unexpected_sample": samples,
         "lost": sum(1 for r in rows if r[1] not in TERMINAL),
         "doubled": sum(1 for c in marks.values() if c > 1) + sum(1 for c in steps.values()
                                                                   if c > 1),

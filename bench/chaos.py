@@ -4,9 +4,10 @@
 
 Each kind gets its own stack (a `playrun gateway`, beat, two workers of two slots, the
 local provider with process isolation) on a fresh PostgreSQL database and Redis db (or
-the private servers the kind restarts). n runs of bench/plays/chaos_mix.py (six short
-in ten, one 4 s long, one failing, two using ctx.step) are submitted over --spread-s; a
-third of the way in the fault is injected. Then a probe run is submitted until one
+the private servers the kind restarts). n runs of bench/plays/chaos_mix.py (five short
+in ten, one mapping 20-50 rows into its own ctx.sheet table, one 4 s long, one failing,
+two using ctx.step) are submitted over --spread-s; a third of the way in the fault is
+injected. Then a probe run is submitted until one
 succeeds (time to recover, from the fault's end), every run is waited for until its
 deadline, and releases and sandbox GC get a minute to finish.
 
@@ -14,7 +15,9 @@ Columns: submitted (refused submits shown apart), succeeded, failed by code, une
 (a status other than the play's own: a failing play fails, the others succeed), lost
 (not terminal at the end), doubled (a play or step that executed twice, by a count of
 lines each execution appends to a host file), stuck (terminal later than DEADLINE_S
-after admission, or never), capacity slots, resource records and sandboxes left.
+after admission, or never), capacity slots, resource records and sandboxes left; for
+sheet runs, rows that tasks.sheet_rows shows missing, extra, not done or with a value
+other than the play's (in runs that succeeded), and rows whose fn ran twice.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from bench.chaoslib.harness import DEADLINE_S  # noqa: E402
 from bench.chaoslib.suite import Plan, run_kind  # noqa: E402
 from bench.common import stop_on_sigterm  # noqa: E402
 
-HELD = ("lost", "doubled", "stuck", "slots", "resources", "sandboxes")
+HELD = ("lost", "doubled", "stuck", "slots", "resources", "sandboxes", "sheet_wrong",
+        "sheet_doubled")
 RECOVERY_BOUND_S = 60.0  # the README's promise: back to work on their own within this
 
 
@@ -51,11 +55,10 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
              f"{plan.fault_s:g} s, deadline {DEADLINE_S:g} s, recovery bound "
              f"{RECOVERY_BOUND_S:g} s"]
     names = list(ran)
-    width = max([20, *(len(n) + 2 for n in names)])
-    lines.append(f"{'':26}" + "".join(f"{n:>{width}}" for n in names))
+    cells: list[tuple[str, list[str]]] = []
 
     def row(label: str, fn: Any) -> None:
-        lines.append(f"{label:26}" + "".join(f"{fn(ran[n]):>{width}}" for n in names))
+        cells.append((label, [str(fn(ran[n])) for n in names]))
 
     row("submitted (refused)", lambda r: f"{r['submitted']} ({sum(r['submit_errors'].values())})")
     row("succeeded", lambda r: r["succeeded"])
@@ -67,16 +70,33 @@ def table(plan: Plan, results: dict[str, dict[str, Any]]) -> str:
     row("deferred before code", lambda r: r["deferred"])
     row("start tasks received w0/w1", lambda r: "/".join(
         str(v) for _, v in sorted(r["starts_by_worker"].items())))
+    row("  of them after the fault", lambda r: "/".join(
+        str(v) for _, v in sorted(r["starts_after_fault"].items()))
+        if r.get("starts_after_fault") is not None else "n/a")
     for key, label in (("lost", "lost"), ("doubled", "doubled"), ("stuck", "stuck past deadline"),
                        ("sandboxes", "orphan sandboxes"), ("resources", "resources not deleted"),
                        ("slots", "capacity slots held")):
         row(label, lambda r, key=key: r[key])
+    row("sheet runs (rows)", lambda r: f"{r['sheet_runs']} ({r['sheet_rows']})")
+    row("  in flight in the fault", lambda r: r.get("sheet_during_fault", "?"))
+    row("sheet rows wrong/missing", lambda r: r["sheet_wrong"])
+    row("sheet rows run twice", lambda r: r["sheet_doubled"])
     row("time to recover, s", lambda r: "n/a (no end)" if r["no_fault_end"] else
         (f"{r['recovery_s']:.1f}" if r["recovery_s"] is not None else "never"))
     row("probe run, no fault, s", lambda r: f"{r['baseline_s']:.1f}"
         if r["baseline_s"] is not None else "never")
     row("load average (1 min)", lambda r: f"{r['load']:.1f}")
     row("invariants", lambda r: "hold" if holds(r) else "BROKEN")
+    # Columns as wide as their widest cell: a long "failed by code" must not run into the next.
+    width = max([20, *(len(n) + 2 for n in names),
+                 *(len(c) + 2 for _, row_cells in cells for c in row_cells)])
+    lines.append(f"{'':26}" + "".join(f"{n:>{width}}" for n in names))
+    lines.extend(f"{label:26}" + "".join(f"{c:>{width}}" for c in row_cells)
+                 for label, row_cells in cells)
+    for name, r in ran.items():
+        for bad in r["sheet_bad"]:
+            lines.append(f"{name}: sheet rows wrong in run {bad}")
+        lines.extend(f"{name}: unexpected: {u}" for u in r.get("unexpected_sample", []))
     for name, r in results.items():
         for what in ("skipped", "error"):
             if what in r:

@@ -94,6 +94,9 @@ def start_attempt(self: Task, run_id: str) -> str:
     elif launched.step == Launch.VANISHED:
         # The sandbox vanished before exec: no customer code ran, retrying is safe.
         defer(fence, "transport", settings, app, detail=launched.error[:200])
+    elif launched.step == Launch.NO_ROOM:
+        # As a create refused for space: the start waits for room instead of failing.
+        defer(fence, "provider_capacity", settings, app, detail=launched.error[:200])
     elif launched.step == Launch.FAILED:
         finish(fence, Outcome.failed(SANDBOX_START_FAILED, launched.error), "start_failed")
     elif launched.step == Launch.AMBIGUOUS:

@@ -1,5 +1,6 @@
 """The chaos suite itself, on its cheapest kind: `python bench/chaos.py` with a gateway
-kill -9 and restart under 5 runs; every invariant must hold and be visible in its figures."""
+kill -9 and restart under 5 runs (one a sheet map); every invariant must hold and be visible
+in its figures."""
 
 from __future__ import annotations
 
@@ -28,4 +29,6 @@ def test_a_gateway_restart_loses_doubles_and_leaks_nothing(tmp_path: Path) -> No
     assert result["doubled"] == 0 and result["stuck"] == 0, result
     assert result["executions"] == 5  # the side-effect count saw every play: it can see two
     assert (result["slots"], result["resources"], result["sandboxes"]) == (0, 0, 0), result
+    # Run 4 maps its rows into a sheet: each read back once, right, and each fn ran once.
+    assert (result["sheet_runs"], result["sheet_wrong"], result["sheet_doubled"]) == (1, 0, 0)
     assert result["recovery_s"] is not None and result["recovery_s"] < 60

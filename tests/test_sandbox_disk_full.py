@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -45,3 +46,51 @@ def test_a_full_disk_is_capacity_unavailable_and_a_freed_one_works(full_root: Pa
     ref = provider.create(spec)
     assert [r.sandbox_id for r in provider.list({"playrun": "1"})] == [ref.sandbox_id]
     provider.delete(ref.sandbox_id)
+
+
+def _fill(root: Path) -> Path:
+    filler = root / "filler"
+    with pytest.raises(OSError), open(filler, "wb") as f:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    return filler
+
+
+def test_a_disk_that_fills_after_create_refuses_the_exec_as_capacity(full_root: Path) -> None:
+    """Found by the chaos suite (11 of 60 runs SANDBOX_START_FAILED): the sandbox was made,
+    then the disk filled before exec could write the process record. Nothing ran: capacity
+    unavailable, and the supervisor started for it is gone, not left waiting on stdin."""
+    provider = LocalProvider(full_root / "sandboxes", isolation="process")
+    ref = provider.create(SandboxSpec(labels={"playrun": "1"}, files={"play.py": b"x = 1\n"}))
+    filler = _fill(full_root)
+    with pytest.raises(CapacityUnavailableError) as refused:
+        provider.exec_detached(ref.sandbox_id, ["{python}", "-c", "open('ran', 'w')"],
+                               env={}, timeout_s=30)
+    assert refused.value.kind == "capacity_unavailable" and "No space" in str(refused.value)
+    assert provider.poll(ref.sandbox_id).state == "never_started"
+    control = str(full_root / "sandboxes" / ".control" / ref.sandbox_id)
+    left = subprocess.run(["pgrep", "-f", control], capture_output=True, text=True,
+                          check=False)
+    assert left.stdout == "", "a supervisor was left waiting for its config"
+    filler.unlink()
+    provider.delete(ref.sandbox_id)
+    assert provider.list({"playrun": "1"}) == []
+
+
+def test_a_launch_refused_for_space_is_no_room_not_failed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch() maps the provider's capacity refusal to NO_ROOM (jobs defers it)."""
+    from tasks.execution import launch as launch_mod
+
+    class Full:
+        def exec_detached(self, *_a: object, **_k: object) -> None:
+            raise CapacityUnavailableError("no space to start sandbox s: [Errno 28]")
+
+    monkeypatch.setattr(launch_mod, "record_launch",
+                        lambda *_a, **_k: launch_mod.LaunchMark("l1", 0.0))
+    monkeypatch.setattr(launch_mod, "runner_env", lambda *_a, **_k: {})
+    ref = SimpleNamespace(sandbox_id="s")
+    out = launch_mod.launch(None, Full(), ref, None, "org", SimpleNamespace(  # type: ignore[arg-type]
+        run_timeout_s=30.0))
+    assert (out.step, out.launch_id) == (launch_mod.Launch.NO_ROOM, "l1")

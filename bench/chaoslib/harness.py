@@ -15,12 +15,14 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from bench.bench_recovery import Workers
+from bench.chaoslib.sheets import ROW_S, check_sheets, rows_for
 from bench.common import Child, start_gateway
 
 PLAY = Path(__file__).resolve().parent.parent / "plays" / "chaos_mix.py"
@@ -47,11 +49,16 @@ STACK_SETTINGS = {
     "PLAYRUN_GC_INTERVAL_S": "2",
     "PLAYRUN_GC_GRACE_S": "5",
     "PLAYRUN_RELEASE_GRACE_S": "5",
+    # Small sheet pages and writes: a map makes several of each, so a fault lands between.
+    "PLAYRUN_SHEET_PAGE_ROWS": "10",
+    "PLAYRUN_SHEET_WRITE_ROWS": "5",
 }
 
-# The mix, by run index modulo 10: six short no-ops, one long, one failing, two steps.
-MIX = ["short"] * 6 + ["long", "fail", "step", "step"]
-EXPECTED = {"short": "succeeded", "long": "succeeded", "step": "succeeded", "fail": "failed"}
+# The mix, by run index modulo 10: five short no-ops, one sheet map, one long, one
+# failing, two steps (the sheet at 4, so the 5-run test has one).
+MIX = ["short"] * 4 + ["sheet", "short", "long", "fail", "step", "step"]
+EXPECTED = {"short": "succeeded", "long": "succeeded", "step": "succeeded", "fail": "failed",
+            "sheet": "succeeded"}
 
 
 class Stack:
@@ -131,6 +138,8 @@ class Load:
             payload = {"i": i, "kind": kind, "tag": self.tag, "mark": str(self.marks / "play"),
                        "step_mark": str(self.marks / "step"),
                        "seconds": 4.0 if kind == "long" else 0.1}
+            if kind == "sheet":
+                payload.update(rows=rows_for(i), row_s=ROW_S, row_mark=str(self.marks / "row"))
             try:
                 run_id = tasks.submit_run(PLAY, input=payload, org_id=self.org).id
             except Exception as exc:  # a refused submit is what a user sees: counted
@@ -216,7 +225,7 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
     with db(env) as conn:
         rows = conn.execute(
             "SELECT id, status, code, extract(epoch FROM coalesce(finished_at, now()) "
-            "- created_at), deferral_count FROM runs WHERE id = ANY(%s)",
+            "- created_at), deferral_count, error FROM runs WHERE id = ANY(%s)",
             (load.ids,)).fetchall()
     marks = Counter((load.marks / "play").read_text().split()) \
         if (load.marks / "play").exists() else Counter()
@@ -225,18 +234,24 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
     statuses: Counter[str] = Counter()
     codes: Counter[str] = Counter()
     unexpected = 0
-    for rid, status, code, _took, _deferred in rows:
+    samples: list[str] = []  # what a user would read on the first unexpected outcomes
+    sheets = check_sheets(load, {r[0]: r[1] for r in rows})
+    for rid, status, code, _took, _deferred, error in rows:
         statuses[status] += 1
         if status == "failed":
             codes[code or "?"] += 1
         if status != EXPECTED[load.kinds[rid]]:
             unexpected += 1
+            if len(samples) < 5:
+                samples.append(f"{rid} ({load.kinds[rid]} #{load.index[rid]}): {status} "
+                               f"{code}: {(error or '')[-300:]}")
     return {
         "submitted": len(load.ids),
         "submit_errors": dict(load.submit_errors),
         "succeeded": statuses["succeeded"],
         "failed": dict(codes),
         "unexpected": unexpected,
+        "unexpected_sample": samples,
         "lost": sum(1 for r in rows if r[1] not in TERMINAL),
         "doubled": sum(1 for c in marks.values() if c > 1) + sum(1 for c in steps.values()
                                                                   if c > 1),
@@ -247,16 +262,27 @@ def check(env: dict[str, str], load: Load) -> dict[str, Any]:
         # The commit may have happened before the connection died: the caller saw an error
         # for a run that exists (a retry with the same idempotency key finds it).
         "refused_but_ran": sum(1 for i in load.refused if marks[str(i)]),
+        **sheets,
     }
 
 
-def starts_by_worker(stack: Stack) -> dict[str, int]:
-    """start_attempt deliveries each worker received (from its log, all its lives)."""
+def starts_by_worker(stack: Stack, since: float | None = None) -> dict[str, int]:
+    """start_attempt deliveries each worker received (from its log, all its lives); with
+    `since` (a time.time()), only those logged from then on: does it consume again?"""
     assert stack.workers is not None
     needle = b"Task playrun.start_attempt["
     return {w.name: sum(1 for line in w.log_path.read_bytes().splitlines()
-                        if needle in line and line.endswith(b"received"))
+                        if needle in line and line.endswith(b"received")
+                        and (since is None or _logged_at(line) >= since))
             for w in stack.workers.workers}
+
+
+def _logged_at(line: bytes) -> float:
+    """A Celery log line's time ("[2026-12-01 16:50:31,432: INFO/..."), local time."""
+    try:
+        return datetime.strptime(line[1:24].decode(), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return 0.0
 
 
 def load_average() -> str:

@@ -19,6 +19,7 @@ from bench.chaoslib.harness import (
     Load,
     Stack,
     check,
+    db,
     load_average,
     probe_recovery,
     settle,
@@ -64,6 +65,17 @@ def run_kind(fault: Fault, plan: Plan) -> dict[str, Any]:
             print(f"{fault.name}: logs kept in {log_dir}")
 
 
+def sheets_in_flight(env: dict[str, str], load: Load, start: float, end: float) -> int:
+    """Sheet runs admitted before the fault ended and finished after it began: the runs
+    whose rows a fault can have hit (the host's clock is the database's here)."""
+    ids = [rid for rid, kind in load.kinds.items() if kind == "sheet"]
+    with db(env) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM runs WHERE id = ANY(%s) AND created_at <= to_timestamp(%s) "
+            "AND coalesce(finished_at, now()) >= to_timestamp(%s)", (ids, end, start)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _run(fault: Fault, plan: Plan, log_dir: Path, marks: Path) -> dict[str, Any]:
     with ExitStack() as es:
         try:
@@ -89,14 +101,21 @@ def _run(fault: Fault, plan: Plan, log_dir: Path, marks: Path) -> dict[str, Any]
         loads = [os.getloadavg()[0]]
         load = Load(plan.n, plan.spread_s, marks).start()
         time.sleep(plan.spread_s / 3)
+        start_wall = time.time()
         fault_end = fault.inject(stack, plan.fault_s)
+        end_wall = None if fault_end is None else time.time() - (time.monotonic() - fault_end)
         recovery = probe_recovery(fault_end) if fault_end is not None else None
         load.join()
         wait_terminal(env, load.ids)
         loads.append(os.getloadavg()[0])
         left = settle(env)
         starts = starts_by_worker(stack)
+        after = starts_by_worker(stack, since=end_wall) if end_wall is not None else None
+        # A fault with no end (a skewed clock) is on for every run.
+        during = sheets_in_flight(env, load, start_wall if end_wall else 0.0,
+                                  end_wall or time.time())
         return {**check(env, load), **left, "recovery_s": recovery, "baseline_s": baseline,
-                "starts_by_worker": starts,
+                "sheet_during_fault": during,
+                "starts_by_worker": starts, "starts_after_fault": after,
                 "no_fault_end": fault_end is None, "load": max(loads),
                 "loadavg": load_average()}

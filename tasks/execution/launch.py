@@ -41,6 +41,7 @@ class Launch(enum.Enum):
     LAUNCHED = "launched"
     CANCELLED = "cancelled"  # a cancel arrived before exec: nothing ran
     VANISHED = "vanished"  # the sandbox was gone before exec: nothing ran, retry is safe
+    NO_ROOM = "no_room"  # no space to exec (a disk filled after create): nothing ran
     AMBIGUOUS = "ambiguous"  # exec's answer was lost: the runner may be running
     FAILED = "failed"  # the provider refused the exec
 
@@ -147,7 +148,7 @@ def launch(fence: Fence, provider: SandboxProvider, sandbox: SandboxRef, lease_i
             timeout_s=settings.run_timeout_s + HARD_KILL_GRACE_S,
         )
     except ProviderError as exc:
-        step = {"transport": Launch.AMBIGUOUS, "not_found": Launch.VANISHED}.get(
-            exc.kind, Launch.FAILED)
+        step = {"transport": Launch.AMBIGUOUS, "not_found": Launch.VANISHED,
+                "capacity_unavailable": Launch.NO_ROOM}.get(exc.kind, Launch.FAILED)
         return Launched(step, launch_id, str(exc)[:500])
     return Launched(Launch.LAUNCHED, launch_id)

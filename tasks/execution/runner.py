@@ -9,6 +9,7 @@ Exit code 0 whenever a result was written, whatever the outcome.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -74,13 +75,16 @@ class BoundedWriter(io.TextIOBase):
         with self._lock:
             keep = data[: max(self._limit - self.written, 0)]
             if keep:
-                self._file.write(keep)
-                self.written += len(keep)
+                try:
+                    self._file.write(keep)
+                    self.written += len(keep)
+                except OSError:  # a full sandbox disk: the play's print must not raise
+                    keep = b""
             self.dropped += len(data) - len(keep)
         return len(s)
 
     def flush(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):  # as write: a full disk drops output
             if not self._file.closed:
                 self._file.flush()
 
@@ -187,8 +191,15 @@ class Context:
                     "t": time.time(),
                 }
                 line = json.dumps(note).encode() + b"\n"
-            self._events.write(line)
-            self._events.flush()
+            try:
+                self._events.write(line)
+                self._events.flush()
+            except OSError as exc:
+                # A full sandbox disk must not fail the play: the gateway has the event
+                # (added above); only the file's copy is lost, and counted as dropped.
+                self._dropped = self._dropped or 1
+                print(f"runner: events file not written: {exc}", file=sys.__stderr__)
+                return
             self._bytes += len(line)
 
     def close(self) -> None:

@@ -79,6 +79,17 @@ def track_child(proc: subprocess.Popen[bytes]) -> None:
         _children[proc.pid] = proc
 
 
+def abandon_child(proc: subprocess.Popen[bytes], control: Path) -> None:
+    """A supervisor that never got its config: killed (its own session) and forgotten, so
+    no process waits on its stdin and the sandbox reads `never_started`."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    with contextlib.suppress(OSError):
+        (control / PROC_FILE).unlink(missing_ok=True)
+
+
 def is_live(pid: int) -> bool:
     """True if the pid exists and is not a zombie."""
     stat = sup.read_stat(pid)

@@ -35,6 +35,7 @@ from tasks.sandbox.local.config import BASE_ENV, exec_config, expand_argv, sandb
 from tasks.sandbox.local.isolation import Isolation, resolve_isolation
 from tasks.sandbox.local.paths import read_under, safe_parts
 from tasks.sandbox.local.processes import (
+    abandon_child,
     kill_sandbox,
     pid_namespace_command,
     reap_children,
@@ -241,6 +242,8 @@ class LocalProvider:
         cmd = [sys.executable, "-I", str(supervisor_path), str(control), str(path)]
         # The supervisor's own environment has no token: the config arrives on its stdin.
         sup_env = dict(BASE_ENV, HOME=str(path))
+        proc: subprocess.Popen[bytes] | None = None
+        handing = False  # from the config write on, the supervisor may run the play
         try:
             console = os.open(
                 control / sup.CONSOLE_FILE,
@@ -272,11 +275,21 @@ class LocalProvider:
             }
             sup.write_atomic(control / PROC_FILE, json.dumps(record).encode())
             assert proc.stdin is not None
+            handing = True
             try:
                 proc.stdin.write(json.dumps(config).encode())
             finally:
                 proc.stdin.close()
         except OSError as exc:
+            if handing:
+                raise ProviderError(f"cannot start sandbox {sandbox_id}: {exc}") from exc
+            if proc is not None:
+                abandon_child(proc, control)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # A disk that filled up after create is capacity, as it is for create:
+                # nothing ran (no config was handed over), so the start may be deferred.
+                raise CapacityUnavailableError(
+                    f"no space to start sandbox {sandbox_id}: {exc}") from exc
             raise ProviderError(f"cannot start sandbox {sandbox_id}: {exc}") from exc
 
     def poll(self, sandbox_id: str) -> ProcessStatus:
@@ -376,3 +389,4 @@ class LocalProvider:
                 if all(ref.labels.get(k) == v for k, v in wanted.items()):
                     refs[entry.name] = ref
         return sorted(refs.values(), key=lambda r: (r.created_at, r.sandbox_id))
+

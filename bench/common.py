@@ -31,6 +31,8 @@ _MARK = "playrun:bench-session"
 
 
 def _pid_alive(pid: int) -> bool:
+    # tasks.embedded.pid_alive, copied: importing tasks before bench_env sets PLAYRUN_*
+    # would bind the Celery app to the wrong broker.
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -4,7 +4,6 @@ device" from ctx.log). The gateway still gets each event; only the file's copy i
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,27 +11,13 @@ from typing import Any
 import pytest
 
 from tasks.execution.runner import BoundedWriter, Context
+from tests.tmpfs import fill, small_tmpfs
 
 
 @pytest.fixture
 def full_dir(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "tmpfs"
-    root.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path, "1m") as root:
         yield root
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
-
-
-def _fill(root: Path) -> None:
-    with pytest.raises(OSError), open(root / "filler", "wb") as f:
-        while True:
-            f.write(b"\0" * 4096)
-            f.flush()
 
 
 class Uplink:
@@ -47,7 +32,7 @@ def test_ctx_log_and_print_on_a_full_disk_do_not_fail_the_play(full_dir: Path) -
     uplink = Uplink()
     ctx = Context(full_dir, uplink)
     out = BoundedWriter(full_dir / "stdout.txt")
-    _fill(full_dir)
+    fill(full_dir)
     for i in range(200):  # more than any buffer: the writes really reach the full disk
         ctx.log("ran", i=i, pad="x" * 100)
         out.write("y" * 200 + "\n")

@@ -14,29 +14,18 @@ import pytest
 
 from tasks.sandbox import LocalProvider, SandboxSpec
 from tasks.sandbox.base import CapacityUnavailableError
+from tests.tmpfs import fill, small_tmpfs
 
 
 @pytest.fixture
 def full_root(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "tmpfs"
-    root.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(root)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path, "2m") as root:
         yield root
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
 
 
 def test_a_full_disk_is_capacity_unavailable_and_a_freed_one_works(full_root: Path) -> None:
     provider = LocalProvider(full_root / "sandboxes", isolation="process")
-    filler = full_root / "filler"
-    with pytest.raises(OSError), open(filler, "wb") as f:  # fill it up to ENOSPC
-        while True:
-            f.write(b"\0" * 65536)
-            f.flush()
+    filler = fill(full_root, chunk=65536)  # up to ENOSPC
     spec = SandboxSpec(labels={"playrun": "1"}, files={"play.py": b"x" * 8192})
     with pytest.raises(CapacityUnavailableError) as refused:
         provider.create(spec)
@@ -48,22 +37,13 @@ def test_a_full_disk_is_capacity_unavailable_and_a_freed_one_works(full_root: Pa
     provider.delete(ref.sandbox_id)
 
 
-def _fill(root: Path) -> Path:
-    filler = root / "filler"
-    with pytest.raises(OSError), open(filler, "wb") as f:
-        while True:
-            f.write(b"\0" * 65536)
-            f.flush()
-    return filler
-
-
 def test_a_disk_that_fills_after_create_refuses_the_exec_as_capacity(full_root: Path) -> None:
     """Found by the chaos suite (11 of 60 runs SANDBOX_START_FAILED): the sandbox was made,
     then the disk filled before exec could write the process record. Nothing ran: capacity
     unavailable, and the supervisor started for it is gone, not left waiting on stdin."""
     provider = LocalProvider(full_root / "sandboxes", isolation="process")
     ref = provider.create(SandboxSpec(labels={"playrun": "1"}, files={"play.py": b"x = 1\n"}))
-    filler = _fill(full_root)
+    filler = fill(full_root, chunk=65536)
     with pytest.raises(CapacityUnavailableError) as refused:
         provider.exec_detached(ref.sandbox_id, ["{python}", "-c", "open('ran', 'w')"],
                                env={}, timeout_s=30)

@@ -1,5 +1,6 @@
 """The local provider with real processes: isolation, limits, polling and teardown."""
 
+# ruff: noqa: F811 - test parameters named `provider` take the imported fixture
 from __future__ import annotations
 
 import json
@@ -7,11 +8,9 @@ import multiprocessing
 import os
 import random
 import secrets
-import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,94 +27,18 @@ from tasks.sandbox import (
 )
 from tasks.sandbox import supervisor as sup
 from tasks.sandbox.local import limits as limits_mod
-from tasks.sandbox.local import pid_namespace_command, probe_strict, processes
 from tasks.sandbox.local.processes import is_live
-from tasks.settings import get_settings
-
-RUNNER = (Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py").read_bytes()
-# Every test runs in strict isolation (bubblewrap) and once in process mode; the process-tree
-# tests also with process mode's two layouts (PID namespace, plain process group).
-TREE_MODES = ["strict", "pidns", "pgroup"]
-
-
-@pytest.fixture(params=["strict", "process"])
-def provider(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalProvider]:
-    mode: str = request.param
-    root = tmp_path / "sandboxes"
-    if mode == "strict":
-        problem = probe_strict(get_settings(), root)
-        if problem:
-            pytest.skip(f"strict isolation unavailable: {problem}")
-        prov = LocalProvider(root, isolation="strict")
-    elif mode == "pidns":
-        if not pid_namespace_command():
-            pytest.skip("no PID namespaces on this machine")
-        prov = LocalProvider(root, pid_namespace=True)
-    elif mode == "pgroup":
-        prov = LocalProvider(root, pid_namespace=False)
-    else:
-        prov = LocalProvider(root, isolation="process")
-    yield prov
-    for ref in prov.list({}):
-        prov.delete(ref.sandbox_id)
-
-
-def is_strict(prov: LocalProvider) -> bool:
-    return prov.isolation == "strict"
-
-
-def wait_exit(prov: LocalProvider, sandbox_id: str, within: float = 15.0) -> ProcessStatus:
-    deadline = time.monotonic() + within
-    while True:
-        status = prov.poll(sandbox_id)
-        if status.state != "running" or time.monotonic() > deadline:
-            return status
-        time.sleep(0.01)
-
-
-def play_sandbox(prov: LocalProvider, source: str, input_data: Any = None, **spec: Any) -> str:
-    files = {
-        "runner.py": RUNNER,
-        "play.py": source.encode(),
-        "input.json": json.dumps(input_data).encode(),
-    }
-    return prov.create(SandboxSpec(labels={"playrun": "1"}, files=files, **spec)).sandbox_id
-
-
-def run_play(
-    prov: LocalProvider,
-    source: str,
-    input_data: Any = None,
-    *,
-    env: dict[str, str] | None = None,
-    **spec: Any,
-) -> tuple[str, ProcessStatus, dict[str, Any]]:
-    sid = play_sandbox(prov, source, input_data, **spec)
-    argv = ["{python}", "runner.py", "--timeout", "10"]
-    prov.exec_detached(sid, argv, env=env or {}, timeout_s=20)
-    status = wait_exit(prov, sid)
-    read = prov.read_file(sid, "result.json", max_bytes=2 << 20)
-    assert read is not None, prov.read_file(sid, ".playrun/console.log", max_bytes=10000)
-    return sid, status, json.loads(read.data)
-
-
-def find_pids(marker: str) -> set[int]:
-    """Outer pids of processes whose command line contains marker (works across PID ns)."""
-    return {
-        int(e.name)
-        for e in os.scandir("/proc")
-        if e.name.isdigit() and any(marker in a for a in sup.read_cmdline(int(e.name)))
-    }
-
-
-def wait_for(predicate: Any, within: float = 10.0) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not reached in time")
+from tests.local_sandbox_support import (  # noqa: F401 (provider: a fixture)
+    RUNNER,
+    TREE_MODES,
+    find_pids,
+    is_strict,
+    play_sandbox,
+    provider,
+    run_play,
+    wait_exit,
+    wait_for,
+)
 
 
 def test_create_exec_poll_exit_code(provider: LocalProvider) -> None:
@@ -172,106 +95,6 @@ def test_environment_is_scrubbed(provider: LocalProvider, monkeypatch: pytest.Mo
     assert out["flags"] == [1, 1]
 
 
-@pytest.mark.parametrize("provider", TREE_MODES, indirect=True)
-def test_delete_kills_the_whole_tree(provider: LocalProvider) -> None:
-    prov = provider
-    tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
-    src = (
-        "import subprocess, time\n"
-        "def run(ctx, input):\n"
-        f"    subprocess.Popen(['sleep', '1{tag}'])\n"
-        f"    subprocess.Popen(['sleep', '2{tag}'], start_new_session=True)\n"
-        f"    subprocess.Popen(['sh', '-c', 'sleep 3{tag} & exec sleep 4{tag}'])\n"
-        "    open('ready', 'w').close()\n"
-        "    time.sleep(1000)\n"
-    )
-    sid = play_sandbox(prov, src)
-    prov.exec_detached(sid, ["{python}", "runner.py", "--timeout", "100"], env={}, timeout_s=100)
-    wait_for(lambda: prov.read_file(sid, "ready", max_bytes=1) is not None)
-
-    def all_four() -> set[int] | None:
-        found = find_pids(tag)
-        return found if len(found) == 4 else None
-
-    pids: set[int] = wait_for(all_four)
-    tops = prov._sandbox_processes(sid)
-    assert tops
-    prov.delete(sid)
-    assert not any(is_live(pid) for pid in pids | tops)
-    assert not find_pids(tag)
-    assert not (prov.root / sid).exists()
-    with pytest.raises(SandboxNotFoundError):
-        prov.poll(sid)
-    prov.delete(sid)  # idempotent
-
-
-@pytest.mark.parametrize("provider", ["strict", "pidns"], indirect=True)
-def test_a_play_that_returned_leaves_nothing_even_without_the_proc_scan(
-    provider: LocalProvider, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """After a normal exit the delete trusts the PID namespace (its init is gone, so the
-    kernel killed every member) and skips the /proc scans; daemons the play left behind,
-    in their own sessions, are dead all the same."""
-    prov = provider
-    tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
-    src = (
-        "import subprocess\n"
-        "def run(ctx, input):\n"
-        f"    subprocess.Popen(['sleep', '7{tag}'], start_new_session=True)\n"
-        f"    subprocess.Popen(['sh', '-c', 'trap \"\" TERM; sleep 8{tag}'],\n"
-        "                     start_new_session=True)\n"
-        "    return 'done'\n"
-    )
-    sid = play_sandbox(prov, src)
-    prov.exec_detached(sid, ["{python}", "runner.py", "--timeout", "100"], env={}, timeout_s=100)
-    assert wait_exit(prov, sid).exit_code == 0
-    scans: list[str] = []
-    monkeypatch.setattr(processes, "sandbox_processes",
-                        lambda *a: scans.append("scan") or set())
-    prov.delete(sid)
-    assert scans == []  # the fast path was taken
-    assert wait_for(lambda: not find_pids(tag), within=5)
-    assert not (prov.root / sid).exists()
-
-
-@pytest.mark.parametrize("provider", TREE_MODES, indirect=True)
-def test_delete_kills_the_tree_of_a_play_that_deleted_its_own_directory(
-    provider: LocalProvider,
-) -> None:
-    prov = provider
-    tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
-    src = (
-        "import os, shutil, subprocess, time\n"
-        "def run(ctx, input):\n"
-        f"    subprocess.Popen(['sleep', '5{tag}'], start_new_session=True)\n"
-        "    shutil.rmtree(os.getcwd(), ignore_errors=True)\n"
-        f"    subprocess.Popen(['sh', '-c', 'sleep 6{tag}'], start_new_session=True)\n"
-        "    time.sleep(1000)\n"
-    )
-    sid = play_sandbox(prov, src)
-    prov.exec_detached(sid, ["{python}", "runner.py", "--timeout", "100"], env={}, timeout_s=100)
-
-    def both() -> set[int] | None:
-        found = find_pids(tag)
-        return found if len(found) >= 2 else None
-
-    pids: set[int] = wait_for(both)
-    sandbox = prov.root / sid
-    # A strict play can only empty its directory (it is a mount point inside); whoever
-    # removes it on the host, the outcome must be the same.
-    wait_for(lambda: not sandbox.exists() or not any(sandbox.iterdir()))
-    shutil.rmtree(sandbox, ignore_errors=True)
-    assert not sandbox.exists()
-    assert sid in [ref.sandbox_id for ref in prov.list({"playrun": "1"})]  # GC sees it
-    assert prov.poll(sid).state == "running"
-    prov.delete(sid)
-    assert not any(is_live(pid) for pid in pids)
-    assert not find_pids(tag)
-    assert sid not in [ref.sandbox_id for ref in prov.list({})]
-    assert not (prov.control_root / sid).exists()
-    prov.delete(sid)  # idempotent
-
-
 def test_the_exec_env_and_its_token_are_never_written_to_disk(provider: LocalProvider) -> None:
     token = "tok-" + secrets.token_hex(16)
     sid = play_sandbox(provider, "import time\ndef run(ctx, input):\n    time.sleep(1000)\n")
@@ -286,13 +109,6 @@ def test_the_exec_env_and_its_token_are_never_written_to_disk(provider: LocalPro
     assert all(
         (p.stat().st_mode & 0o077) == 0 for p in (provider.control_root / sid).iterdir()
     )
-
-
-def test_delete_unknown_is_success(provider: LocalProvider) -> None:
-    provider.delete("lsb-0123456789abcdef")
-    provider.delete("../../etc")
-    with pytest.raises(SandboxNotFoundError):
-        provider.poll("lsb-0123456789abcdef")
 
 
 def test_list_by_labels(provider: LocalProvider) -> None:

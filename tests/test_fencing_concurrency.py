@@ -182,6 +182,50 @@ def test_one_claim_wins_among_threads_and_processes(pg_url: str) -> None:
     assert claim_now(run_ids[0]) == Skipped("active")
 
 
+def _race_claims(run_id: str, threads: int) -> list[Claimed | Skipped]:
+    barrier = threading.Barrier(threads)
+
+    def one(i: int) -> Claimed | Skipped:
+        barrier.wait(timeout=30)
+        return claim_now(run_id, f"racer-{i}")
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(one, range(threads)))
+
+
+def _defer_due_now(fence: Fence) -> None:
+    """Park the attempt the way a deferral does, due at once."""
+    with session_scope() as session:
+        session.execute(sa.update(Attempt).where(
+            Attempt.run_id == fence.run_id, Attempt.generation == fence.generation)
+            .values(state="deferred", lease_expires_at=db_now()))
+        session.execute(sa.update(Run).where(Run.id == fence.run_id)
+                        .values(status="queued", deferred_until=db_now()))
+
+
+@pytest.mark.parametrize("path", ["new_attempt", "resume"])
+def test_a_claim_that_loses_by_a_hair_opens_nothing(pg_url: str, path: str) -> None:
+    """A claim whose statement began just before the winner committed must see the
+    winner's attempt, not the attempt as of its own snapshot (regression: it opened
+    generation 2 beside generation 1). Many small races make the hair-width window hit."""
+    for _ in range(60):
+        run_id = new_run()
+        first: Fence | None = None
+        if path == "resume":
+            first = must_claim(run_id)
+            _defer_due_now(first)
+        results = _race_claims(run_id, 6)
+        won = [r for r in results if isinstance(r, Claimed)]
+        assert len(won) == 1, results
+        assert won[0].fence.generation == 1 and won[0].resumed == (path == "resume")
+        assert {r.reason for r in results if isinstance(r, Skipped)} <= {"locked", "active"}
+        assert is_current(won[0].fence)
+        with session_scope() as session:
+            assert session.scalar(sa.select(sa.func.count()).where(
+                Attempt.run_id == run_id)) == 1
+        assert event_kinds(run_id).count("attempt.started") == 1
+
+
 def test_claim_skips_terminal_and_cancelled_runs(pg_url: str) -> None:
     done = new_run()
     fence = must_claim(done)

@@ -53,13 +53,11 @@ class Skipped:
 
 
 def _locked(session: Session, run_id: str) -> tuple[Run, Attempt | None, bool, str] | None:
-    """One round trip: the run row, locked (SKIP LOCKED), with its current attempt, whether
-    it is due by the database clock, and its play's source; None if locked or missing."""
+    """The run row, locked (SKIP LOCKED), whether it is due by the database clock, its
+    play's source, and then its current attempt; None if locked or missing."""
     due = sa.or_(Run.deferred_until.is_(None), Run.deferred_until <= db_now())
     stmt = (
-        sa.select(Run, Attempt, due, PlayBundle.source)
-        .outerjoin(Attempt, sa.and_(Attempt.run_id == Run.id,
-                                    Attempt.generation == Run.current_generation))
+        sa.select(Run, due, PlayBundle.source)
         .outerjoin(PlayBundle, PlayBundle.digest == Run.play_digest)
         .where(Run.id == run_id)
         .execution_options(populate_existing=True)
@@ -67,7 +65,18 @@ def _locked(session: Session, run_id: str) -> tuple[Run, Attempt | None, bool, s
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True, of=Run)
     row = session.execute(stmt).first()
-    return None if row is None else (row[0], row[1], bool(row[2]), row[3] or "")
+    if row is None:
+        return None
+    run = row[0]
+    # Its own statement, after the lock: a join would hand back the attempt as of this
+    # statement's snapshot while the locked run row is the newest version, so a claim
+    # that lost a race by a hair would see the winner's generation without its attempt.
+    current = None
+    if run.current_generation:
+        current = session.scalars(sa.select(Attempt).where(
+            Attempt.run_id == run_id, Attempt.generation == run.current_generation,
+        ).execution_options(populate_existing=True)).first()
+    return run, current, bool(row[1]), row[2] or ""
 
 
 def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float

@@ -8,6 +8,7 @@ from __future__ import annotations
 from kombu import Exchange, Queue
 
 from tasks.constants import MAINTENANCE_QUEUE, QUEUE, RELEASE_QUEUE
+from tasks.netguard import celery_backend_options, redis_socket_options
 from tasks.settings import get_settings
 
 _settings = get_settings()
@@ -24,7 +25,15 @@ task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
 # Redis redelivers unacked messages after this; it must outlive every countdown we schedule
 # (checked in Settings.check), or a waiting message would be delivered twice.
-broker_transport_options = {"visibility_timeout": _settings.visibility_timeout_s}
+broker_transport_options = {"visibility_timeout": _settings.visibility_timeout_s,
+                            # A half-open broker connection fails and is replaced, never
+                            # waited on forever (tasks/netguard.py).
+                            **redis_socket_options(_settings.network_timeout_s)}
+_backend = celery_backend_options(_settings.network_timeout_s)
+redis_socket_timeout = _backend["redis_socket_timeout"]
+redis_socket_connect_timeout = _backend["redis_socket_connect_timeout"]
+redis_socket_keepalive = _backend["redis_socket_keepalive"]
+redis_backend_health_check_interval = _backend["redis_backend_health_check_interval"]
 result_backend_transport_options = {"visibility_timeout": _settings.visibility_timeout_s}
 # On a lost broker connection, cancel the late-acked tasks in flight: they will be
 # redelivered anyway, and finishing them would ack nothing.

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.constants import PING_IDLE_S, SCHEMA_REVISION
 from tasks.errors import DatabaseUnavailableError, SchemaNotCurrentError
+from tasks.netguard import pg_connect_args
 from tasks.settings import get_settings
 
 log = logging.getLogger("playrun.db")
@@ -75,6 +76,16 @@ def _ping_when_idle(engine: sa.Engine) -> None:
             raise sa.exc.DisconnectionError(f"stale pooled connection: {exc}") from exc
 
 
+def _pg_args(url: str) -> dict[str, Any]:
+    """netguard's bounds; `options` the URL already gives are kept beside ours."""
+    args = pg_connect_args(get_settings().network_timeout_s)
+    given = sa.engine.make_url(url).query.get("options")
+    if given:
+        args["options"] = f"{given if isinstance(given, str) else ' '.join(given)} " \
+                          f"{args['options']}"
+    return args
+
+
 def get_engine(url: str | None = None) -> sa.Engine:
     """One engine per process and URL (a forked worker child builds its own)."""
     url = url or get_settings().database_url
@@ -84,7 +95,8 @@ def get_engine(url: str | None = None) -> sa.Engine:
         if url.startswith("sqlite"):
             engine = _sqlite_engine(url)
         else:
-            engine = sa.create_engine(url, pool_size=5, max_overflow=10)
+            engine = sa.create_engine(url, pool_size=5, max_overflow=10,
+                                      connect_args=_pg_args(url))
             _ping_when_idle(engine)
         _engines[key] = engine
     return engine

@@ -24,6 +24,7 @@ def redis_client(url: str | None = None) -> redis.Redis:
     client = _clients.get(key)
     if client is None:
         client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2,
+                                      socket_keepalive=True,
                                       health_check_interval=30)
         _clients[key] = client
     return client

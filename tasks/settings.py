@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     # Broker visibility timeout; must exceed every countdown (checked below).
     visibility_timeout_s: float = Field(default=3600.0, gt=0)
 
+    # A PostgreSQL or Redis connection that answers nothing for this long is dropped as
+    # dead (connect, keepalive and read bounds: tasks/netguard.py), so a half-open
+    # connection after a failover or partition never hangs a worker, beat or the gateway.
+    network_timeout_s: float = Field(default=30.0, ge=4, le=3600)
+
     # A worker that receives none of its own pings for this long exits (0 disables).
     worker_watchdog_s: float = Field(default=60.0, ge=0)
 

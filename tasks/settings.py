@@ -101,7 +101,9 @@ class Settings(BaseSettings):
     # A PostgreSQL or Redis connection that answers nothing for this long is dropped as
     # dead (connect, keepalive and read bounds: tasks/netguard.py), so a half-open
     # connection after a failover or partition never hangs a worker, beat or the gateway.
-    network_timeout_s: float = Field(default=30.0, ge=4, le=3600)
+    # Waits on a dead connection can come one after another (a worker's broker channel
+    # has several), so recovery takes about two or three of these. Raise it on a slow WAN.
+    network_timeout_s: float = Field(default=10.0, ge=4, le=3600)
 
     # A worker that receives none of its own pings for this long exits (0 disables).
     worker_watchdog_s: float = Field(default=60.0, ge=0)

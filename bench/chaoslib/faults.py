@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from bench.chaoslib import partition
 from bench.chaoslib.harness import Stack
+from bench.chaoslib.partition import Partition
 from bench.chaoslib.proxy import Mode, Proxy
 from bench.chaoslib.services import PrivatePostgres, PrivateRedis, Tmpfs, pg_bin
 from bench.common import PG_BASE
@@ -179,6 +181,30 @@ class NetBlackhole(Network):
     mode = Mode.BLACKHOLE
 
 
+class NetPartition(Network):
+    name = "network partition"
+    describe = ("packets to PostgreSQL and Redis dropped for the window (iptables); then "
+                "every connection open at its end stays silent for good, new ones pass")
+
+    def skip_reason(self) -> str | None:
+        return partition.skip_reason()
+
+    def setup(self, es: ExitStack, log_dir: Path) -> Setup:
+        setup = super().setup(es, log_dir)
+        self.cuts = [Partition(proxy.port) for proxy in self.proxies]
+        for cut in self.cuts:
+            es.callback(cut.clear)  # before the proxies close: callbacks run in reverse
+        return setup
+
+    def inject(self, stack: Stack, fault_s: float) -> float | None:
+        for cut in self.cuts:
+            cut.cut()
+        time.sleep(fault_s)
+        dead = sum(cut.heal(keep_dead=True) for cut in self.cuts)
+        print(f"network partition: {dead} connections left silent for good", flush=True)
+        return time.monotonic()
+
+
 class ClockSkew(Fault):
     name = "clock skew"
     describe = f"worker w1 (and the runners it launches) under libfaketime, clock {SKEW}"
@@ -220,6 +246,7 @@ KINDS: dict[str, type[Fault]] = {
     "net-slow": NetDelay,
     "net-cut": NetDrop,
     "net-blackhole": NetBlackhole,
+    "net-partition": NetPartition,
     "postgres": PostgresRestart,
     "clock-skew": ClockSkew,
     "disk-full": DiskFull,

@@ -32,3 +32,15 @@ def test_a_gateway_restart_loses_doubles_and_leaks_nothing(tmp_path: Path) -> No
     # Run 4 maps its rows into a sheet: each read back once, right, and each fn ran once.
     assert (result["sheet_runs"], result["sheet_wrong"], result["sheet_doubled"]) == (1, 0, 0)
     assert result["recovery_s"] is not None and result["recovery_s"] < 60
+
+
+def test_an_outcome_other_than_the_plays_own_breaks_the_invariants() -> None:
+    from bench.chaos import holds
+
+    clean = {"no_fault_end": False, "recovery_s": 2.0, "unexpected": 0, "lost": 0,
+             "doubled": 0, "stuck": 0, "slots": 0, "resources": 0, "sandboxes": 0,
+             "sheet_wrong": 0, "sheet_doubled": 0}
+    assert holds(clean)
+    assert not holds({**clean, "unexpected": 1})  # a success a fault turned into a failure
+    assert not holds({**clean, "recovery_s": 61.0})
+    assert not holds({**clean, "recovery_s": None})

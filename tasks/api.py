@@ -35,7 +35,7 @@ from tasks.constants import (
     TASK_START_ATTEMPT,
     TERMINAL_STATUSES,
 )
-from tasks.db import ensure_schema_once, session_scope
+from tasks.db import ensure_schema_once, get_engine, session_scope
 from tasks.errors import RunNotFoundError, RunWaitTimeoutError
 from tasks.fence import lock_run
 from tasks.notify import redis_client
@@ -120,14 +120,15 @@ class RunHandle:
             pubsub = None
         pause = 0.05
         try:
+            ensure_schema_once()
             while True:
-                view = get_run(self.id)
-                if view.status in TERMINAL_STATUSES:
-                    return view.result()
+                status, result = _outcome(self.id)
+                if result is not None:
+                    return result
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise RunWaitTimeoutError(
-                        f"run {self.id} is still {view.status} after {timeout}s")
+                        f"run {self.id} is still {status} after {timeout}s")
                 step = pause if left is None else min(pause, left)
                 if pubsub is not None:
                     try:
@@ -186,6 +187,23 @@ def _view(run: Run, attempts: list[Attempt]) -> RunView:
         play_path=run.play_path, idempotency_key=run.idempotency_key,
         deferral_count=run.deferral_count,
     )
+
+
+_OUTCOME = sa.select(Run.status, Run.output, Run.error, Run.code).where(
+    Run.id == sa.bindparam("run_id"))
+
+
+def _outcome(run_id: str) -> tuple[str, RunResult | None]:
+    """The run's status, and its result once terminal: one small read per look."""
+    # Read-only: on SQLite it must not take the write lock (tasks.db).
+    with get_engine().execution_options(playrun_readonly=True).connect() as conn:
+        row = conn.execute(_OUTCOME, {"run_id": run_id}).first()
+    if row is None:
+        raise RunNotFoundError(f"no run with id {run_id}")
+    status, output, error, code = row
+    if status in TERMINAL_STATUSES:
+        return status, RunResult(status, output, error, code)
+    return status, None
 
 
 def get_run(run_id: str) -> RunView:

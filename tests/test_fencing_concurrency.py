@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from models import Attempt, Run, db_now
 from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed, Skipped
-from tasks.acquisition.sandbox import record_live
+from tasks.acquisition.sandbox import note_requested, record_live
 from tasks.constants import FAILED, SUCCEEDED
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
@@ -281,7 +281,10 @@ def test_a_stale_fence_cannot_write(pg_url: str, kind: str) -> None:
     with pytest.raises(FenceLostError), session_scope() as session:
         hold(session, stale)
         capacity.reserve(session, stale, "org-stale", get_settings())
+    with pytest.raises(FenceLostError):
+        note_requested(stale, "local")  # the one-statement fenced event
     assert snapshot(run_id) == before, "a stale fence changed something"
+    assert "sandbox.requested" not in event_kinds(run_id)
     assert outcome_of(run_id) == view_before
 
     # A late sandbox report: recorded for cleanup only, never live, nothing else touched.
@@ -296,6 +299,8 @@ def test_a_stale_fence_cannot_write(pg_url: str, kind: str) -> None:
 
     if current is not None:
         # The real holder still writes: the fence is selective, not broken.
+        note_requested(current, "local")
+        assert event_kinds(run_id).count("sandbox.requested") == 1
         assert settle(current, Outcome(FAILED, "PLAY_ERROR", "x"), reason="ended").won
         won = outcome_of(run_id)
         assert won.status == FAILED

@@ -36,7 +36,7 @@ from tasks.constants import (
 )
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import Fence, hold, renew
+from tasks.fence import Fence, append_if_current, hold, renew
 from tasks.runtime import host_queue
 from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec
 from tasks.settings import Settings, get_settings
@@ -78,10 +78,15 @@ def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> Sand
 
 def note_requested(fence: Fence, provider: str) -> None:
     """The permit is granted and the provider is asked (not durable: see start.py)."""
+    data = {"provider": provider}
+    if get_settings().is_postgres:
+        if not append_if_current(fence, EV_SANDBOX_REQUESTED, data):
+            raise FenceLostError(f"attempt {fence.generation} of run {fence.run_id} is "
+                                 f"not current")
+        return
     with session_scope(durable=False) as session:
         hold(session, fence)
-        ledger.append(session, fence.run_id, EV_SANDBOX_REQUESTED, {"provider": provider},
-                      fence.generation)
+        ledger.append(session, fence.run_id, EV_SANDBOX_REQUESTED, data, fence.generation)
 
 
 def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:

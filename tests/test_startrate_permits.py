@@ -62,3 +62,16 @@ def test_a_denied_permit_keeps_the_successes_for_later(settings: Settings,
         assert not permits.acquire(provider, OPEN, far).granted
     assert permits.acquire(provider, OPEN, settings).granted
     assert rate(provider, settings) == 660.0
+
+
+def test_only_a_reserved_slot_ahead_is_slept_for(settings: Settings,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle bucket grants at once (its reply reads up to 1 ms ahead by rounding alone);
+    the next permit, 100 ms later in the schedule, is waited for in place."""
+    provider = f"p-{uuid.uuid4().hex[:8]}"
+    slept: list[float] = []
+    monkeypatch.setattr(permits.time, "sleep", slept.append)
+    assert permits.acquire(provider, OPEN, settings).granted
+    assert slept == []
+    assert permits.acquire(provider, OPEN, settings).granted  # 600/min: 100 ms behind
+    assert len(slept) == 1 and 0.05 < slept[0] <= 0.102  # whole ms, rounded up

@@ -82,7 +82,9 @@ def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision
     metrics.permit(provider, permit.granted)
     if permit.granted:
         wait = permit.scheduled_at_ms - permit.server_now_ms
-        if wait > 0:
+        # The reply is in whole ms (the slot rounded up, the clock down), so an immediate
+        # grant reads 1 ms ahead: only a longer wait is a reserved slot worth sleeping for.
+        if wait > 1:
             time.sleep(wait / 1000)  # a reserved slot within the horizon: wait for it
     return PermitDecision(permit.granted, permit.wait_ms, permit.epoch, permit.rate,
                           permit.degraded)

@@ -53,19 +53,22 @@ class Skipped:
     reason: Skip
 
 
+# Built once (as fence._HOLD): the run, whether it is due, and its play's source.
+_LOCK = (
+    sa.select(Run, sa.or_(Run.deferred_until.is_(None), Run.deferred_until <= db_now()),
+              PlayBundle.source)
+    .outerjoin(PlayBundle, PlayBundle.digest == Run.play_digest)
+    .where(Run.id == sa.bindparam("run_id"))
+    .execution_options(populate_existing=True)
+)
+_LOCK_PG = _LOCK.with_for_update(skip_locked=True, of=Run)
+
+
 def _locked(session: Session, run_id: str) -> tuple[Run, Attempt | None, bool, str] | None:
     """The run row, locked (SKIP LOCKED), whether it is due by the database clock, its
     play's source, and then its current attempt; None if locked or missing."""
-    due = sa.or_(Run.deferred_until.is_(None), Run.deferred_until <= db_now())
-    stmt = (
-        sa.select(Run, due, PlayBundle.source)
-        .outerjoin(PlayBundle, PlayBundle.digest == Run.play_digest)
-        .where(Run.id == run_id)
-        .execution_options(populate_existing=True)
-    )
-    if session.get_bind().dialect.name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True, of=Run)
-    row = session.execute(stmt).first()
+    postgres = session.get_bind().dialect.name == "postgresql"
+    row = session.execute(_LOCK_PG if postgres else _LOCK, {"run_id": run_id}).first()
     if row is None:
         return None
     run = row[0]
@@ -129,23 +132,33 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
     return Claimed(Fence(run_id, generation, token), run.org_id, source, run.input, resumed)
 
 
+# Built once: building it costs more Python than the round trip it makes.
+_NEW_ATTEMPT = sa.insert(Attempt).values(
+    id=sa.bindparam("o_id"), run_id=sa.bindparam("o_run"),
+    generation=sa.bindparam("o_gen"), lease_token=sa.bindparam("o_token"),
+    worker_id=sa.bindparam("o_worker"), state=ATTEMPT_ACTIVE,
+    lease_expires_at=db_now(sa.bindparam("o_lease", type_=sa.Float)),
+    events_offset=0, progress_count=0, progress_dropped=0).cte("new_attempt")
+_STARTED_EVENT = sa.insert(RunEvent).values(
+    run_id=sa.bindparam("o_run"), generation=sa.bindparam("o_gen"), kind=EV_ATTEMPT_STARTED,
+    data=sa.bindparam("o_data", type_=RunEvent.__table__.c.data.type)).cte("started_event")
+_OPEN = (
+    sa.update(Run).where(Run.id == sa.bindparam("o_run"))
+    .values(current_generation=sa.bindparam("o_gen"), status=RUNNING, deferred_until=None,
+            updated_at=db_now())
+    .add_cte(_NEW_ATTEMPT).add_cte(_STARTED_EVENT)
+)
+
+
 def _open_in_one_statement(session: Session, run: Run, generation: int, token: str,
                            worker_id: str, lease_seconds: float) -> None:
     """The new attempt, its `attempt.started` event and the run's new state in one round
     trip (the run row is locked already); the ORM's flush would take three, and every
     start pays for them."""
-    attempt = sa.insert(Attempt).values(
-        id=new_id(), run_id=run.id, generation=generation, lease_token=token,
-        worker_id=worker_id, state=ATTEMPT_ACTIVE, lease_expires_at=db_now(lease_seconds),
-        events_offset=0, progress_count=0, progress_dropped=0).cte("new_attempt")
-    event = sa.insert(RunEvent).values(
-        run_id=run.id, generation=generation, kind=EV_ATTEMPT_STARTED,
-        data={"generation": generation}).cte("started_event")
-    session.connection().execute(
-        sa.update(Run).where(Run.id == run.id)
-        .values(current_generation=generation, status=RUNNING, deferred_until=None,
-                updated_at=db_now())
-        .add_cte(attempt).add_cte(event))
+    session.connection().execute(_OPEN, {
+        "o_id": new_id(), "o_run": run.id, "o_gen": generation, "o_token": token,
+        "o_worker": worker_id, "o_lease": float(lease_seconds),
+        "o_data": {"generation": generation}})
     # The row changed under the ORM: keep its copy true without another UPDATE.
     for key, value in (("current_generation", generation), ("status", RUNNING),
                        ("deferred_until", None)):

@@ -65,15 +65,18 @@ def problem(row: TrafficPolicy, now: datetime) -> str | None:
     return None
 
 
+# Built once: every start reads it.
+_CURRENT = (
+    sa.select(TrafficPolicy, db_now().label("now"))
+    .where(sa.or_(TrafficPolicy.expires_at.is_(None), TrafficPolicy.expires_at > db_now()))
+    .order_by(TrafficPolicy.id.desc())
+    .limit(_SCAN)
+)
+
+
 def current(session: Session) -> Policy:
     """The newest sound unexpired policy row; none (or an explicit `normal`) means normal."""
-    now_col = db_now().label("now")
-    rows = session.execute(
-        sa.select(TrafficPolicy, now_col)
-        .where(sa.or_(TrafficPolicy.expires_at.is_(None), TrafficPolicy.expires_at > db_now()))
-        .order_by(TrafficPolicy.id.desc())
-        .limit(_SCAN)
-    ).all()
+    rows = session.execute(_CURRENT).all()
     for row, now in rows:
         why = problem(row, now)
         if why is not None:

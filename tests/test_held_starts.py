@@ -100,3 +100,34 @@ def test_a_restarted_worker_ends_the_leases_its_last_life_claimed(pg_url: str) -
                                 .where(Attempt.run_id == theirs.id)).one()
     assert other == (f"other{name}:4242", True)
     assert tasks.get_run(theirs.id).status == "running"
+
+
+def test_a_restarted_worker_hands_on_a_launch_whose_runner_never_started(pg_url: str) -> None:
+    """Its last life recorded a launch and died before exec: nothing ever ran in the
+    sandbox. Rather than wait out the first heartbeat deadline (40 s here), the node
+    hands it to the reaper when it starts again, and the run succeeds in seconds."""
+    from tasks.acquisition.sandbox import create
+    from tasks.execution.launch import record_launch
+    from tasks.runtime import provider
+    from tasks.settings import get_settings
+
+    name = f"exec{uuid.uuid4().hex[:6]}@test"
+    run = tasks.submit_run(NOOP, input={}, org_id=f"org-{uuid.uuid4().hex[:6]}")
+    with session_scope() as session:
+        claimed = claim(session, run.id, worker_id=f"{name}:4242", lease_seconds=600)
+    assert isinstance(claimed, Claimed)
+    settings = get_settings().model_copy(update={"heartbeat_timeout_s": 30.0})
+    ref = create(provider(), claimed, settings, None)
+    assert record_launch(claimed.fence, settings, ref, None) is not None  # then "killed"
+    worker = Worker(worker_env(**FAST_RECOVERY), name=name, beat=True)
+    try:
+        worker.wait_ready()
+        result = run.wait(timeout=25)  # well inside the 40 s first-heartbeat lease
+    finally:
+        worker.stop()
+    assert result.status == "succeeded", result
+    assert "launched but never started" in worker.output()
+    deferred = [e.data for e in tasks.run_events(run.id) if e.kind == "run.deferred"]
+    assert [(d["cause"], d["detail"]) for d in deferred] == \
+        [("worker_lost", "the runner was never started")]
+    assert [a.generation for a in tasks.get_run(run.id).attempts] == [1]

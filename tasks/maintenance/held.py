@@ -104,8 +104,8 @@ def connect(app: Any) -> None:
         else:
             if ended:
                 log.warning("ended the leases of %d attempt(s) this worker claimed but never "
-                            "launched when it last stopped; the reaper retries them",
-                            len(ended))
+                            "launched, or launched but never started, when it last stopped; "
+                            "the reaper retries them", len(ended))
         try:
             held = take_held(redis_client(), node)
             for run_id in held:

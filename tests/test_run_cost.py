@@ -44,3 +44,14 @@ def test_log_tells_durable_async_read_only_pings_and_autocommit() -> None:
     # Three xids were taken: the autocommit INSERT, the async UPDATE, the lock of pid 4.
     d = derive(Counter({**c, "pg.xids": 3}))
     assert (d["commits"], d["durable"], d["read_only"]) == (5, 2, 1)
+    assert d["async"] == 1
+
+
+def test_an_autocommit_statement_that_turns_off_its_flush_wait_is_async() -> None:
+    log = (b"@@5 0 db@@ LOG:  execute <unnamed>: \n\tWITH quick AS (\n\t  SELECT set_config("
+           b"'synchronous_commit', 'off', true)) INSERT INTO run_events SELECT 1\n"
+           b"@@5 0 db@@ LOG:  execute <unnamed>: INSERT INTO runs SELECT 1\n")
+    c: Counter[str] = Counter()
+    tally(log.split(b"\n")[:-1], b"db", {}, c)
+    d = derive(Counter({**c, "pg.xids": 2}))
+    assert (d["commits"], d["durable"], d["async"], d["read_only"]) == (2, 1, 1, 0)

@@ -11,12 +11,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis
 import sqlalchemy as sa
 
 import tasks
 from models import Attempt, db_now
 from tasks.acquisition.claim import Claimed, claim
 from tasks.acquisition.start import Opened, Step, acquire_sandbox, open_attempt
+from tasks.constants import KEY_START_RATE
 from tasks.db import session_scope
 from tasks.execution.launch import record_launch
 from tasks.settings import get_settings
@@ -163,6 +165,12 @@ def test_worker_killed_during_a_slow_sandbox_create_runs_the_play_once(
     script = FakeScript(SANDBOX_ROOT)
     script.reset()
     script.set(latency_ms=4000)
+    # A fresh `fake` bucket: earlier tests' starts on it must not pace this one's (the
+    # only deferral this test allows is the one the kill causes).
+    client = redis.Redis.from_url(get_settings().redis_url)
+    stale = list(client.scan_iter(match=f"{KEY_START_RATE}{{fake}}*"))
+    if stale:
+        client.delete(*stale)
     env = worker_env(PLAYRUN_SANDBOX_PROVIDER="fake", PLAYRUN_DEFERRAL_BASE_MS="200",
                      **FAST_RECOVERY, **HOST_FILES)
     first = Worker(env, beat=True)

@@ -66,10 +66,12 @@ class FakeScript:
             state = _initial_state()
             with suppress(FileNotFoundError):
                 state.update(json.loads(self.path.read_bytes()))
+            before = json.dumps(state) if write else ""
             yield state
-            if write:
+            after = json.dumps(state) if write else ""
+            if after != before:  # unchanged: no rewrite (every launch asks, few change it)
                 tmp = self.path.with_name(f".{SCRIPT_FILE}.tmp")
-                tmp.write_text(json.dumps(state))
+                tmp.write_text(after)
                 os.replace(tmp, self.path)
         finally:
             os.close(fd)  # closing the descriptor releases the flock
@@ -105,38 +107,55 @@ class FakeScript:
 
     def admit_create(self) -> None:
         """Decide one create: pop a scripted fault or enforce the rate, else record it."""
-        with self._locked(write=False) as state:
-            latency_ms = int(state["latency_ms"])
-        if latency_ms > 0:
-            time.sleep(latency_ms / 1000.0)
         with self._locked(write=True) as state:
-            now = time.time()
-            kind: str | None = None
-            if state["fail_creates"]:
-                kind = str(state["fail_creates"].pop(0))
-            else:
-                limit = state["max_creates_per_s"]
-                recent = sum(1 for t in state["create_times"] if t > now - 1.0)
-                if limit is not None and recent >= limit:
-                    kind = "capacity_unavailable"
-            if kind is None:
-                state["creates_ok"] += 1
-                state["create_times"] = (state["create_times"] + [now])[-MAX_CREATE_TIMES:]
-            else:
-                rejected = state["creates_rejected"]
-                rejected[kind] = rejected.get(kind, 0) + 1
+            latency_ms = int(state["latency_ms"])
+            if latency_ms <= 0:
+                kind = self._decide(state)
+        if latency_ms > 0:
+            time.sleep(latency_ms / 1000.0)  # outside the lock, as a provider's API call
+            with self._locked(write=True) as state:
+                kind = self._decide(state)
         if kind == "capacity_unavailable":
             raise CapacityUnavailableError(NO_CAPACITY_MESSAGE)
         if kind is not None:
             raise error_for_kind(kind, f"scripted {kind} fault")
 
+    @staticmethod
+    def _decide(state: dict[str, Any]) -> str | None:
+        """Under the write lock: the scripted fault this create meets, if any."""
+        now = time.time()
+        kind: str | None = None
+        if state["fail_creates"]:
+            kind = str(state["fail_creates"].pop(0))
+        else:
+            limit = state["max_creates_per_s"]
+            recent = sum(1 for t in state["create_times"] if t > now - 1.0)
+            if limit is not None and recent >= limit:
+                kind = "capacity_unavailable"
+        if kind is None:
+            state["creates_ok"] += 1
+            kept = state["create_times"]
+            if state["max_creates_per_s"] is None:
+                # No rate scripted: the last second is all anyone reads; a file that grew
+                # with every create would cost each one more than the create it stands for.
+                kept = [t for t in kept if t > now - 1.0]
+            state["create_times"] = (kept + [now])[-MAX_CREATE_TIMES:]
+        else:
+            rejected = state["creates_rejected"]
+            rejected[kind] = rejected.get(kind, 0) + 1
+        return kind
+
     def take_lost_runner(self) -> bool:
+        return self.take_launch()[0]
+
+    def take_launch(self) -> tuple[bool, bool]:
+        """For one exec, under one lock: (this runner is to be lost, runners are hosted)."""
         with self._locked(write=True) as state:
-            if state["lose_runner"] > 0:
+            lose = state["lose_runner"] > 0
+            if lose:
                 state["lose_runner"] -= 1
                 state["runners_lost"] += 1
-                return True
-        return False
+            return lose, bool(state["hosted_runners"])
 
 
 class FakeProvider(LocalProvider):
@@ -161,8 +180,8 @@ class FakeProvider(LocalProvider):
         env: Mapping[str, str],
         timeout_s: float,
     ) -> None:
-        lose = self.script.take_lost_runner()
-        if self.script.state()["hosted_runners"]:
+        lose, hosted = self.script.take_launch()
+        if hosted:
             self._hand_to_host(sandbox_id, env, lose)
             return
         super().exec_detached(sandbox_id, argv, env=env, timeout_s=timeout_s)

@@ -192,8 +192,10 @@ def namespace_gone(control: Path, ns: dict[str, object]) -> bool:
         return False
     if proc.get("isolation") == "strict":
         return _gone(ns, "init_pid", "init_starttime")
-    # unshare --fork --kill-child: its child is the namespace's init, and dies with it.
-    return proc.get("pid_namespace") is True
+    # unshare --fork --kill-child: its child is the namespace's init and dies with it, but
+    # a moment later (a parent-death signal). Only a supervisor that ended normally (its
+    # exit record) waited for that; after one killed, the scan finds what is still dying.
+    return proc.get("pid_namespace") is True and (control / sup.EXIT_FILE).exists()
 
 
 def _kill_recorded(control: Path, ns: dict[str, object]) -> None:

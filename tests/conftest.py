@@ -34,6 +34,8 @@ SESSION_MARK = "playrun:test-session"
 
 
 def _alive(pid: int) -> bool:
+    # tasks.embedded.pid_alive, copied: importing tasks before BASE_ENV is in the
+    # environment would bind the Celery app to the wrong broker (as in bench/common.py).
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -3,9 +3,10 @@ side with a bare single-row UPDATE loop on the same database.
 
     python bench/bench_capacity.py [--seconds 3] [--clients 1,8]
 
-One cycle is what a sandbox start and its release cost the capacity ledger: a fenced
-transaction that locks the org row, counts held leases and inserts a reservation; a fenced
-compare-and-set to `live`; a release that records `capacity.released` in the run ledger.
+One cycle is what a sandbox start and its release cost the capacity ledger, each step one
+statement that checks the attempt's fence itself, here each its own (autocommit)
+transaction: reserve (lock the org row, count held leases, insert a reservation), promote
+(compare-and-set to `live`), release (records `capacity.released` in the run ledger).
 Each client is its own process (spawned, own engine) holding one claimed attempt.
 
 Rows:  N clients, one org   every client reserves from the same org (they serialise on
@@ -27,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import PG_BASE  # noqa: E402
+from bench.common import PG_BASE, capacity_cycle  # noqa: E402
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 SPAWN = mp.get_context("spawn")
@@ -58,22 +59,13 @@ def _setup_client(url: str, org_id: str) -> tuple[str, int, str]:
 def _cycles(url: str, fence_t: tuple[str, int, str], org_id: str, seconds: float,
             barrier: Any, out: Any) -> None:
     _point_at(url)
-    from tasks.acquisition import capacity
-    from tasks.db import session_scope
-    from tasks.fence import Fence, hold
-    from tasks.release.capacity import release_lease
+    from tasks.fence import Fence
     from tasks.settings import get_settings
 
     fence, settings = Fence(*fence_t), get_settings()
 
     def cycle(i: int) -> None:
-        with session_scope() as session:
-            hold(session, fence)
-            lease_id = capacity.reserve(session, fence, org_id, settings).lease_id
-        with session_scope() as session:
-            hold(session, fence)
-            capacity.promote(session, fence, lease_id, "bench", f"sb-{i}")
-        assert release_lease(fence.run_id, fence.generation) == [lease_id]
+        capacity_cycle(fence, org_id, settings, f"sb-{i}")
 
     for i in range(20):  # warm the pool and the statement cache
         cycle(i)
@@ -171,7 +163,7 @@ def main() -> None:
             print(f"{label:24} {leases:18.0f} {updates:14.0f} {leases / updates:7.3f}"
                   f" {1000 * clients / leases:9.2f}")
         print("a cycle = reserve (fenced, org row lock, count, insert) + promote (fenced CAS)"
-              " + release (ledger event): 3 transactions")
+              " + release (ledger event): 3 statements, 3 transactions")
     finally:
         from tasks import db
 

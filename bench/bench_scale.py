@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import scale_load
 from bench.common import bench_env
+from bench.common import capacity_cycle as one_cycle
 
 NOOP = Path(__file__).resolve().parent.parent / "examples" / "plays" / "noop.py"
 Row = tuple[str, str, Callable[[], float]]  # (what, unit, one sample)
@@ -49,10 +50,8 @@ def rows(env: dict[str, str], long_run: str) -> list[tuple[str, str, float]]:
     from tasks.app import app
     from tasks.constants import LABEL_GENERATION, LABEL_RUN, QUEUE
     from tasks.db import session_scope
-    from tasks.fence import hold
     from tasks.maintenance.gc import verdict
     from tasks.maintenance.reaper import expire_reservations, reap
-    from tasks.release.capacity import release_lease
     from tasks.sandbox import SandboxRef
     from tasks.settings import get_settings
 
@@ -77,13 +76,7 @@ def rows(env: dict[str, str], long_run: str) -> list[tuple[str, str, float]]:
     def capacity_cycle() -> float:
         def cycle() -> None:
             n[0] += 1
-            with session_scope() as session:
-                hold(session, fence)
-                lease_id = capacity.reserve(session, fence, "scale-cap", settings).lease_id
-            with session_scope() as session:
-                hold(session, fence)
-                capacity.promote(session, fence, lease_id, "bench", f"sb-{n[0]}")
-            release_lease(fence.run_id, fence.generation)
+            one_cycle(fence, "scale-cap", settings, f"sb-{n[0]}")
         return timed(lambda: [cycle() for _ in range(10)], 10)
 
     limiter = StartRateLimiter(broker, horizon_ms=3_600_000)

@@ -358,3 +358,20 @@ def private_servers(log_dir: Path, pg_options: tuple[str, ...] = ()) -> Iterator
     finally:
         for server in servers:
             server.stop()
+
+
+def capacity_cycle(fence: Any, org_id: str, settings: Any, sandbox_id: str) -> None:
+    """One capacity cycle as a sandbox start and its release make it: reserve, promote,
+    release, each one fenced statement and (here, alone) its own autocommit transaction.
+    `tasks` is imported here, not at the top: bench_env must set the environment first."""
+    from sqlalchemy.orm import Session
+
+    from tasks.acquisition import capacity
+    from tasks.db import autocommit
+    from tasks.release.capacity import release_lease
+
+    with autocommit() as conn, Session(bind=conn) as session:
+        lease_id = capacity.reserve(session, fence, org_id, settings).lease_id
+        capacity.promote(session, fence, lease_id, "bench", sandbox_id)
+    if release_lease(fence.run_id, fence.generation) != [lease_id]:
+        raise RuntimeError(f"lease {lease_id} was not released once")

@@ -134,6 +134,14 @@ def session_scope(url: str | None = None, *, readonly: bool = False,
                 log.exception("after-commit hook %r failed", hook)
 
 
+@contextmanager
+def autocommit(url: str | None = None) -> Iterator[sa.Connection]:
+    """A pooled connection in autocommit: one statement is one transaction and one round
+    trip (psycopg sends BEGIN on its own before a transaction's first statement)."""
+    with get_engine(url).connect() as conn:
+        yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
 _AFTER_COMMIT = "playrun_after_commit"
 
 

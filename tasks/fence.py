@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
-from tasks.db import get_engine
+from tasks.db import autocommit
 from tasks.errors import FenceLostError
 
 
@@ -142,20 +142,29 @@ def hold_launch(session: Session, fence: LaunchFence, run: Run | None = None
     return run, attempt
 
 
-# One autocommit statement: the event is written only while the fence holds (both rows
-# locked, as hold() does), and its commit does not wait for the WAL flush (a lost event
-# of this kind is harmless: the durable launch record that follows flushes it anyway).
-_APPEND_IF_CURRENT = f"""
-WITH quick AS (
-    SELECT set_config('synchronous_commit', 'off', true)
-), held AS (
+# The fence as a CTE body, for statements that check it themselves (params run, gen,
+# token): the run row, then the current attempt, locked as hold() locks them.
+HELD_SQL = f"""
     SELECT r.id FROM runs r
     JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation
     WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.lease_token = %(token)s
       AND a.state = '{ATTEMPT_ACTIVE}' AND a.lease_expires_at > clock_timestamp()
       AND r.status NOT IN ({", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))})
     FOR UPDATE OF r, a
-)
+"""
+
+
+def fence_params(fence: Fence) -> dict[str, Any]:
+    return {"run": fence.run_id, "gen": fence.generation, "token": fence.lease_token}
+
+
+# One autocommit statement: the event is written only while the fence holds, and its
+# commit does not wait for the WAL flush (a lost event of this kind is harmless: the
+# durable launch record that follows flushes it anyway).
+_APPEND_IF_CURRENT = f"""
+WITH quick AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), held AS ({HELD_SQL})
 INSERT INTO run_events (run_id, generation, kind, data, at)
 SELECT held.id, %(gen)s, %(kind)s, %(data)s::jsonb, clock_timestamp() FROM held, quick
 RETURNING id
@@ -165,9 +174,7 @@ RETURNING id
 def append_if_current(fence: Fence, kind: str, data: dict[str, Any]) -> bool:
     """PostgreSQL: append a ledger event in one round trip if the fence holds; False if it
     does not (nothing written). Elsewhere the caller uses hold() + ledger.append."""
-    with get_engine().connect() as conn:
-        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+    with autocommit() as conn:
         row = conn.exec_driver_sql(_APPEND_IF_CURRENT, {
-            "run": fence.run_id, "gen": fence.generation, "token": fence.lease_token,
-            "kind": kind, "data": json.dumps(data)}).first()
+            **fence_params(fence), "kind": kind, "data": json.dumps(data)}).first()
     return row is not None

@@ -19,7 +19,7 @@ from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.admission.submit import admit
 from tasks.constants import ATTEMPT_ACTIVE, ATTEMPT_FENCED_OUT, TERMINAL_STATUSES
 from tasks.db import session_scope
-from tasks.fence import Fence, hold
+from tasks.fence import Fence
 from tasks.settings import Settings, get_settings
 from tasks.settlement.outcome import Outcome
 
@@ -162,15 +162,13 @@ def held(org_id: str) -> int:
 
 
 def reserve(fence: Fence, org_id: str, settings: Settings | None = None) -> str:
-    """What start_attempt does: reserve inside a fenced transaction."""
+    """A reservation in a transaction of its own (the statement checks the fence itself)."""
     with session_scope() as session:
-        hold(session, fence)
         return capacity.reserve(session, fence, org_id, settings or get_settings()).lease_id
 
 
 def promote(fence: Fence, lease_id: str, provider: str, sandbox_id: str) -> None:
     with session_scope() as session:
-        hold(session, fence)
         capacity.promote(session, fence, lease_id, provider, sandbox_id)
 
 

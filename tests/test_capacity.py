@@ -240,6 +240,30 @@ def test_promotion_is_a_compare_and_set(pg_url: str) -> None:
     assert kinds(run_id).count("capacity.released") == 1
 
 
+def test_a_stale_attempt_can_neither_reserve_nor_promote(pg_url: str) -> None:
+    """reserve and promote check the fence in their own statement: a superseded attempt
+    takes no slot and moves no lease, and the current one is untouched."""
+    org_id = org()
+    run_id = new_run(org_id)
+    first = must_claim(run_id)
+    old_lease = reserve(first, org_id)
+    supersede(run_id)
+    second = must_claim(run_id)
+    with pytest.raises(FenceLostError):
+        reserve(first, org_id)
+    with pytest.raises(FenceLostError):
+        promote(first, old_lease, "local", "lsb-dddddddddddddddd")
+    assert lease(old_lease) == ("reserved", None, None)
+    with session_scope() as session:
+        rows = session.execute(sa.select(CapacityLease.generation).where(
+            CapacityLease.run_id == run_id)).scalars().all()
+    assert rows == [1]  # nothing was taken for the stale attempt
+    new_lease = reserve(second, org_id)
+    promote(second, new_lease, "local", "lsb-eeeeeeeeeeeeeeee")
+    assert lease(new_lease) == ("live", "local", "lsb-eeeeeeeeeeeeeeee")
+    assert release_lease(run_id, 2) == [new_lease]
+
+
 def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own(
     pg_url: str,
 ) -> None:

@@ -28,7 +28,7 @@ from tasks.constants import (
 )
 from tasks.db import is_postgres, session_scope
 from tasks.errors import CapacityExceededError, FenceLostError
-from tasks.fence import Fence
+from tasks.fence import HELD_SQL, Fence, fence_params, hold
 from tasks.settings import Settings
 
 RESERVED = LEASE_RESERVED
@@ -80,39 +80,46 @@ def in_use(session: Session, org_id: str) -> int:
     return int(session.scalar(sa.select(sa.func.count()).where(_held(org_id))) or 0)
 
 
-# Count and insert in one statement, under the org lock the previous statement took.
+# One statement: the fence, then (per held row, so only when the fence holds) the
+# migration's function locks the org row and counts and inserts after the lock; an
+# overrun is recorded in the ledger by the same statement.
 _PG_RESERVE = f"""
-WITH used AS (
-    SELECT count(*) AS n FROM capacity_leases
-    WHERE org_id = %(org)s AND state IN ('{RESERVED}', '{LIVE}')
-), lease AS (
-    INSERT INTO capacity_leases (id, org_id, run_id, generation, state, holder_token,
-                                 overrun, expires_at)
-    SELECT %(id)s, %(org)s, %(run)s, %(gen)s, '{RESERVED}', %(token)s, used.n >= %(limit)s,
-           clock_timestamp() + make_interval(secs => %(ttl)s)
-    FROM used WHERE used.n < %(limit)s OR %(observe)s
-    RETURNING id
+WITH held AS ({HELD_SQL}), res AS (
+    SELECT f.used, f.lease_id, f.cap FROM held, LATERAL playrun_capacity_reserve(
+        %(org)s, %(id)s, held.id, %(gen)s, %(token)s, %(default)s, %(observe)s,
+        %(ttl)s) AS f
+), overrun AS (
+    INSERT INTO run_events (run_id, generation, kind, data)
+    SELECT %(run)s, %(gen)s, '{EV_CAPACITY_OVERRUN}', jsonb_build_object(
+        'lease_id', res.lease_id, 'in_use', res.used, 'limit', res.cap)
+    FROM res WHERE res.lease_id IS NOT NULL AND res.used >= res.cap
 )
-SELECT used.n, lease.id FROM used LEFT JOIN lease ON true
+SELECT used, lease_id, cap FROM res
 """
 
 
 def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> Reservation:
-    """Take a slot for this attempt inside the caller's fenced transaction.
+    """Take a slot for this attempt in the caller's transaction; the fence is checked here.
 
     Raises CapacityExceededError in `enforce` mode when the org is full; in
     `observe` mode admits and records the overrun in the ledger.
     """
-    override = _lock_org(session, org_id)
-    limit = settings.org_capacity if override is None else override
     observe = settings.capacity_mode != "enforce"
     lease_id = new_id()
     if is_postgres(session):
-        used, inserted = session.connection().exec_driver_sql(_PG_RESERVE, {
-            "org": org_id, "id": lease_id, "run": fence.run_id, "gen": fence.generation,
-            "token": fence.lease_token, "limit": limit, "observe": observe,
-            "ttl": float(settings.capacity_reservation_ttl_s)}).one()
+        session.flush()  # the raw statement follows the caller's pending writes
+        row = session.connection().exec_driver_sql(_PG_RESERVE, {
+            **fence_params(fence), "org": org_id, "id": lease_id,
+            "default": settings.org_capacity, "observe": observe,
+            "ttl": float(settings.capacity_reservation_ttl_s)}).first()
+        if row is None:
+            raise FenceLostError(f"attempt {fence.generation} of run {fence.run_id} "
+                                 "lost its fence before reserving capacity")
+        used, inserted, limit = int(row[0]), row[1], int(row[2])
     else:
+        hold(session, fence)
+        override = _lock_org(session, org_id)
+        limit = settings.org_capacity if override is None else override
         used = in_use(session, org_id)
         inserted = None
         if used < limit or observe:
@@ -121,14 +128,27 @@ def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> 
                 state=RESERVED, holder_token=fence.lease_token, overrun=used >= limit,
                 expires_at=db_now(settings.capacity_reservation_ttl_s)))
             inserted = lease_id
+            if used >= limit:
+                ledger.append(session, fence.run_id, EV_CAPACITY_OVERRUN,
+                              {"lease_id": lease_id, "in_use": used, "limit": limit},
+                              fence.generation)
     if inserted is None:
         raise CapacityExceededError(CAPACITY_EXCEEDED_MESSAGE)
-    overrun = used >= limit
-    if overrun:
-        ledger.append(session, fence.run_id, EV_CAPACITY_OVERRUN,
-                      {"lease_id": lease_id, "in_use": used, "limit": limit}, fence.generation)
-    return Reservation(lease_id, overrun, used + 1, limit)
+    return Reservation(lease_id, used >= limit, used + 1, limit)
 
+
+# One statement that checks the fence itself, so a caller needs no hold() for it.
+_PG_PROMOTE = f"""
+WITH held AS ({HELD_SQL}), moved AS (
+    UPDATE capacity_leases AS l SET state = '{LIVE}', provider = %(provider)s,
+        sandbox_id = %(sandbox)s, live_at = clock_timestamp(), expires_at = NULL
+    FROM held
+    WHERE l.id = %(lease)s AND l.run_id = held.id AND l.generation = %(gen)s
+      AND l.state = '{RESERVED}'
+    RETURNING l.id
+)
+SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM moved)
+"""
 
 # Built once and run on the connection: no ORM bookkeeping for a one-row CAS.
 _PROMOTE = (
@@ -144,14 +164,25 @@ _PROMOTE = (
 
 def promote(session: Session, fence: Fence, lease_id: str, provider: str,
             sandbox_id: str) -> None:
-    """reserved -> live as a compare-and-set, inside the caller's fenced transaction.
+    """reserved -> live as a compare-and-set in the caller's transaction, fenced here.
 
     Finding the lease already live is success only for the same sandbox of the same
     attempt (a provider retry re-reports it); anything else is a fence loss.
     """
-    changed = session.connection().execute(_PROMOTE, {
-        "b_lease_id": lease_id, "b_run_id": fence.run_id, "b_generation": fence.generation,
-        "b_provider": provider, "b_sandbox_id": sandbox_id}).rowcount
+    if is_postgres(session):
+        session.flush()
+        held, changed = session.connection().exec_driver_sql(_PG_PROMOTE, {
+            **fence_params(fence), "lease": lease_id, "provider": provider,
+            "sandbox": sandbox_id}).one()
+        if not held:
+            raise FenceLostError(f"attempt {fence.generation} of run {fence.run_id} "
+                                 "lost its fence before its lease went live")
+    else:
+        hold(session, fence)
+        changed = session.connection().execute(_PROMOTE, {
+            "b_lease_id": lease_id, "b_run_id": fence.run_id,
+            "b_generation": fence.generation, "b_provider": provider,
+            "b_sandbox_id": sandbox_id}).rowcount
     if changed == 1:
         return
     lease = session.get(CapacityLease, lease_id, populate_existing=True)

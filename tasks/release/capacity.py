@@ -9,7 +9,7 @@ from tasks import ledger
 from tasks.constants import EV_CAPACITY_RELEASED
 from tasks.constants import LEASE_HELD as HELD
 from tasks.constants import LEASE_RELEASED as RELEASED
-from tasks.db import get_engine, session_scope
+from tasks.db import autocommit, get_engine, session_scope
 from tasks.fence import lock_run
 
 # One statement, so in autocommit it is one transaction and one round trip. The run row
@@ -37,10 +37,8 @@ SELECT id FROM released
 def release_lease(run_id: str, generation: int, token: str | None = None) -> list[str]:
     """Release what the holder with `token` (any holder if None) still holds; each
     release is recorded once."""
-    engine = get_engine()
-    if engine.dialect.name == "postgresql":
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+    if get_engine().dialect.name == "postgresql":
+        with autocommit() as conn:
             return list(conn.exec_driver_sql(_PG_RELEASE, {
                 "run": run_id, "gen": generation, "token": token}).scalars())
     with session_scope() as session:

@@ -205,6 +205,14 @@ class FakeProvider(LocalProvider):
         tmp.write_text(json.dumps({"dir": str(path), "env": dict(env)}))
         os.replace(tmp, spool / f"{sandbox_id}.json")
 
+    def kill(self, sandbox_id: str) -> None:
+        path = self._path(sandbox_id)
+        if path is not None and (path / HOSTED_MARK).is_file():
+            # No process to kill: a hosted runner is a coroutine of the runner host, which
+            # ends it once the directory is gone. A /proc scan would find nothing, slowly.
+            return
+        super().kill(sandbox_id)
+
     def poll(self, sandbox_id: str) -> ProcessStatus:
         path = self.root / sandbox_id
         if not (path / HOSTED_MARK).is_file():

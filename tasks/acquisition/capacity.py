@@ -170,7 +170,8 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
     attempt (a provider retry re-reports it); anything else is a fence loss.
     """
     if is_postgres(session):
-        session.flush()
+        # No flush: the statement reads nothing the caller may have pending, and the
+        # caller's attempt changes then go out as one UPDATE at commit.
         held, changed = session.connection().exec_driver_sql(_PG_PROMOTE, {
             **fence_params(fence), "lease": lease_id, "provider": provider,
             "sandbox": sandbox_id}).one()

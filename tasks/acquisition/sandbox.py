@@ -12,9 +12,11 @@ from importlib import resources
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from models import Attempt, Run, RuntimeResource, db_now
+from models import Attempt, Run, RuntimeResource, db_now, new_id
 from tasks import ledger
 from tasks.acquisition.claim import Claimed
 from tasks.constants import (
@@ -34,7 +36,7 @@ from tasks.constants import (
     RUNNER_SHEETS_FILE,
     RUNNER_STEPS_FILE,
 )
-from tasks.db import session_scope
+from tasks.db import is_postgres, session_scope
 from tasks.errors import FenceLostError
 from tasks.fence import Fence, append_if_current, hold, renew
 from tasks.runtime import host_queue
@@ -112,22 +114,21 @@ def record_live_in(session: Session, fence: Fence, ref: SandboxRef,
     same intact attempt is idempotent success, proven from durable state. On FenceLostError
     the caller records the sandbox for cleanup (record_for_cleanup) once it rolled back."""
     held = hold(session, fence)
-    known = session.scalars(sa.select(RuntimeResource).where(
-        RuntimeResource.provider == ref.provider,
-        RuntimeResource.sandbox_id == ref.sandbox_id)).first()
-    if known is not None:
-        if not (known.run_id == fence.run_id and known.generation == fence.generation
-                and known.state == RESOURCE_LIVE):
+    if not _insert_live(session, fence, ref):
+        # Already on record (the insert met the unique sandbox): success only for a
+        # second report by this very attempt; anything else is a fence loss.
+        known = session.scalars(sa.select(RuntimeResource).where(
+            RuntimeResource.provider == ref.provider,
+            RuntimeResource.sandbox_id == ref.sandbox_id)).first()
+        if known is None or not (known.run_id == fence.run_id
+                                 and known.generation == fence.generation
+                                 and known.state == RESOURCE_LIVE):
             raise FenceLostError(f"sandbox {ref.sandbox_id} is recorded "
-                                 f"{known.state} for another attempt")
+                                 f"{'gone' if known is None else known.state} "
+                                 "for another attempt")
         if promote is not None:
             promote(session, ref)  # proves the lease is live for this very sandbox
         return held
-    session.add(RuntimeResource(
-        run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
-        sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_LIVE,
-        holder_token=fence.lease_token,
-    ))
     attempt = held[1]
     attempt.provider = ref.provider
     attempt.sandbox_id = ref.sandbox_id
@@ -138,6 +139,18 @@ def record_live_in(session: Session, fence: Fence, ref: SandboxRef,
                   {"sandbox_id": ref.sandbox_id, "provider": ref.provider},
                   fence.generation)
     return held
+
+
+def _insert_live(session: Session, fence: Fence, ref: SandboxRef) -> bool:
+    """Record the sandbox live unless it is on record already: one statement, where a
+    lookup first would be two in the common case (a sandbox reported once)."""
+    insert = pg_insert if is_postgres(session) else sqlite_insert
+    stmt = insert(RuntimeResource).values(
+        id=new_id(), run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
+        sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_LIVE,
+        holder_token=fence.lease_token,
+    ).on_conflict_do_nothing(index_elements=["provider", "sandbox_id"])
+    return session.execute(stmt.returning(RuntimeResource.id)).first() is not None
 
 
 def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:

@@ -93,7 +93,8 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
 
 def _mark(session: Session, run: Run, attempt: Attempt, launch_id: str,
           settings: Settings) -> LaunchMark:
-    db_time = session.scalar(sa.select(db_now()))
+    with session.no_autoflush:  # the attempt's changes go out as one UPDATE at commit
+        db_time = session.scalar(sa.select(db_now()))
     assert db_time is not None
     attempt.launch_id = launch_id
     attempt.runner_started_at = db_now()

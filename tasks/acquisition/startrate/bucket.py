@@ -116,9 +116,17 @@ def _params(rule: RateRule) -> maths.Params:
     return maths.params_of(rule)
 
 
+_EXACT = 2 ** 53  # doubles hold every integer below this exactly
+
+
 def _pack(values: Sequence[int]) -> bytes:
-    """ARGV[1] of every script: little-endian signed 64-bit integers (prelude.lua)."""
-    return struct.pack(f"<{len(values)}q", *values)
+    """ARGV[1] of every script: integers as little-endian doubles (prelude.lua).
+
+    Lua reads a double with no conversion; every value is an integer below 2^53.
+    """
+    if any(not -_EXACT < v < _EXACT for v in values):
+        raise ValueError(f"start-rate numbers must stay below 2^53: {values!r}")
+    return struct.pack(f"<{len(values)}d", *values)
 
 
 @lru_cache(maxsize=1024)

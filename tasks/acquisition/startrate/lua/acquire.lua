@@ -23,7 +23,7 @@ local scheduled, cooldown, epoch, slowest = now, 0, 0, nil
 for i = 1, n do
   local a = 5 * i - 2
   local h = state(KEYS[i])
-  local r = clamp(h[1], A[a + 1], A[a + 2], A[a + 3])
+  local r = min(A[a + 2], max(A[a + 3], h[1] or A[a + 1]))  -- clamped (prelude)
   local eff = A[a + 5]
   if eff == 0 then eff = r end
   h[6], h[7] = r, eff
@@ -63,7 +63,7 @@ for i = 1, n do
     -- A new key gets every field, so scripts of the previous release can read it.
     redis.call('HSET', KEYS[i], 'r', int(r), 't', int(tat), 'e', '0', 'c', '0', 'x', int(want))
     redis.call('PEXPIRE', KEYS[i], want - now_ms)
-  elseif stale(h[5], want, idle_ttl) then
+  elseif want - (tonumber(h[5]) or 0) > idle_ttl / 10 then  -- see expiry()
     redis.call('HSET', KEYS[i], 'r', int(r), 't', int(tat), 'x', int(want))
     redis.call('PEXPIRE', KEYS[i], want - now_ms)
   elseif r ~= h[1] then

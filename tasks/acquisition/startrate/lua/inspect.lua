@@ -16,7 +16,7 @@ for i = 1, #KEYS do
   local h = state(KEYS[i])
   local exists = 1
   if h[1] == nil then exists = 0 end
-  local r = clamp(h[1], A[a + 1], A[a + 2], A[a + 3])
+  local r = min(A[a + 2], max(A[a + 3], h[1] or A[a + 1]))  -- clamped (prelude)
   local eff = A[a + 4]
   if eff == 0 then eff = r end
   for _, v in ipairs({exists, eff, r, h[3], h[2], h[4]}) do out[#out + 1] = v end

@@ -12,9 +12,9 @@
 -- Integers only: every value stays below 2^53, where doubles are exact. The maths
 -- mirror startrate/maths.py.
 --
--- Every script takes ARGV[1] = its numbers packed as little-endian signed 64-bit
--- integers (one argument instead of one per number: cheaper to send and to read), and
--- ARGV[2] = now_us in tests only (absent in production).
+-- Every script takes ARGV[1] = its numbers packed as little-endian doubles, each an
+-- integer below 2^53 (one argument instead of one per number, and no tonumber: cheaper
+-- to send and to read), and ARGV[2] = now_us in tests only (absent in production).
 
 local floor, ceil, max, min, fmt = math.floor, math.ceil, math.max, math.min, string.format
 
@@ -28,23 +28,20 @@ end
 
 -- ARGV[1] as a table of count numbers (A[1] is the first).
 local function numbers(packed, count)
-  if #packed ~= 8 * count then error('ARGV[1]: want ' .. count .. ' packed integers') end
-  return {struct.unpack('<' .. string.rep('i8', count), packed)}
+  if #packed ~= 8 * count then error('ARGV[1]: want ' .. count .. ' packed numbers') end
+  return {struct.unpack('<' .. string.rep('d', count), packed)}
 end
 
 -- One rule's state, one HMGET: h[1] r (nil for a missing key), h[2] t, h[3] e, h[4] c
 -- as numbers; h[5] x as stored (false if missing): only a grant's TTL check reads it.
+-- The scripts clamp r on read, min(max, max(floor, r or initial)), so a changed
+-- floor/max applies at once to stored state and a missing key starts at the initial rate
+-- (inline: a function call per rule costs more than the line).
 local function state(key)
   local h = redis.call('HMGET', key, 'r', 't', 'e', 'c', 'x')
   h[1], h[2], h[3], h[4] = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0,
     tonumber(h[4]) or 0
   return h
-end
-
--- The rate read from a state: clamped so a changed floor/max applies at once to stored
--- state; a missing key starts at the initial rate.
-local function clamp(r, initial, maximum, minimum)
-  return min(maximum, max(minimum, r or initial))
 end
 
 -- The expiry a key needs (ms): idle_ttl_ms past the last instant its state matters (TAT
@@ -55,8 +52,5 @@ local function expiry(idle_ttl, now, last)
   return floor(now / 1000) + idle_ttl + ceil(max(0, last - now) / 1000)
 end
 
-local function stale(x, want, idle_ttl)
-  return want - (tonumber(x) or 0) > idle_ttl / 10
-end
-
+-- An integer as Redis stores it: all digits (tostring would round past 14 of them).
 local function int(v) return fmt('%d', v) end

@@ -3,16 +3,20 @@
 One Lua script per operation (``lua/acquire.lua``, ``penalize.lua``, ``inspect.lua``),
 each atomic, with Redis ``TIME`` as the clock; ``lua/prelude.lua`` (the clock, the
 unpacking of ARGV and the read of a rule's hash) is put in front of each when it is
-loaded. Each call's numbers travel packed in one argument and acquire answers with one
-status line: per call, packing arguments and parsing replies cost redis-py more than
-the script costs Redis. A bucket's rules live
-in one hash each, ``<prefix>{<bucket>}:rule:<name>``: the braces are a hash tag, so
-every key a script touches sits in one slot and the scripts run on Redis Cluster.
+loaded. A bucket's rules live in one hash each, ``<prefix>{<bucket>}:rule:<name>``: the
+braces are a hash tag, so every key a script touches sits in one slot and the scripts
+run on Redis Cluster.
+
+Each call's numbers travel packed in one argument, and acquire answers with one status
+line: per call, redis-py spent more packing ten arguments and parsing a six-element
+reply than Redis spent running the script.
 
 Redis trouble never reaches the caller: on any Redis error the limiter hands out a
 ``degraded`` permit from a per-process in-memory GCRA at the initial rate (or the
 override), logs a warning at most once a minute, and after a connection failure or
-timeout skips Redis for ``breaker_ms`` so a dead server costs no latency per call.
+timeout skips Redis for ``breaker_ms`` so a dead server costs no latency per call. A
+reply of the wrong shape degrades the same way (a StartRateReplyError, logged with its
+code, never re-sent), without the breaker.
 
 Create one limiter per process and keep it: it owns a connection pool and the
 warning throttle.

@@ -30,14 +30,13 @@ CAP = RateRule("global", 1_000_000, 1_000_000, 1_000_000, 0, 1.0)
 SLOW = RateRule("provider", 60, 600, 6, 6, 0.5, fixed_per_min=1)  # one grant: a minute ahead
 
 
-def acquire_argv(lim: StartRateLimiter, bucket: str, rules: list[RateRule],
-                 horizon_ms: int) -> tuple[str, list[str]]:
-    keys, rule_argv = lim._prepare(bucket, rules, "acquire")
-    args = ["", str(horizon_ms * 1000), str(lim.idle_ttl_ms), "1", *rule_argv]
-    return load_script("acquire").sha, [*keys, *args]
+def acquire_argv(lim: StartRateLimiter, bucket: str,
+                 rules: list[RateRule]) -> tuple[bytes, list[bytes]]:
+    """The SHA and KEYS + ARGV that ``lim.acquire(bucket, rules)`` sends, as it sends them."""
+    return load_script("acquire").sha_bytes, list(lim._acquire_args(bucket, rules, 1))
 
 
-def pipelined(client: redis.Redis, calls: list[tuple[str, int, list[str]]], n: int,
+def pipelined(client: redis.Redis, calls: list[tuple[str | bytes, int, list[bytes]]], n: int,
               batch: int) -> list[float]:
     """Calls per second of each (sha, numkeys, args), pipelines of ``batch`` without MULTI.
 
@@ -87,9 +86,9 @@ def throughput(url: str, n: int, batch: int, calls: int) -> None:
     def bare() -> object:
         return client.evalsha(trivial_sha, 0)
 
-    grant = acquire_argv(lim, b + "-g", [FAST], lim.horizon_ms)
-    deny_call = acquire_argv(deny, b + "-d", [SLOW], 0)
-    two = acquire_argv(lim, b + "-2", [FAST, CAP], lim.horizon_ms)
+    grant = acquire_argv(lim, b + "-g", [FAST])
+    deny_call = acquire_argv(deny, b + "-d", [SLOW])
+    two = acquire_argv(lim, b + "-2", [FAST, CAP])
     lim.acquire(b + "-d", [SLOW])  # a minute ahead now: every later call is denied
     rates = pipelined(client, [(trivial_sha, 0, []), (grant[0], 1, grant[1]),
                                (deny_call[0], 1, deny_call[1]), (two[0], 2, two[1])], n, batch)

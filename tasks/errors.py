@@ -76,6 +76,12 @@ class DurationInvalidError(InputInvalidError):
     code = "DURATION_INVALID"
 
 
+class StartRateReplyError(PlayrunError):
+    """A start-rate script answered something other than its documented reply."""
+
+    code = "START_RATE_REPLY_INVALID"
+
+
 class DatabaseUnavailableError(PlayrunError):
     """The database did not answer (down, unreachable, or a path that cannot be opened)."""
 

@@ -25,7 +25,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tasks.acquisition.startrate import RateRule, StartRateLimiter, maths
-from tasks.acquisition.startrate.maths import MPM, PPM, Params, State
+from tasks.acquisition.startrate.maths import MPM, PPM, Params, Penalty, State
 
 T0 = 1_796_000_000_000_000
 LOGGER = "tasks.acquisition.startrate.bucket"
@@ -335,7 +335,7 @@ class Clock:
 
 def test_timeout_is_never_resent() -> None:
     clock = Clock()
-    fake = ScriptedClient(RedisTimeoutError, [1, 5, 5, 0, 60_000, 0])
+    fake = ScriptedClient(RedisTimeoutError, b"1 5 5 0 60000 0")
     lim = StartRateLimiter(fake, monotonic=clock, breaker_ms=1000)
     permit = lim.acquire("b", [FAST])
     assert permit.degraded and permit.granted
@@ -356,6 +356,27 @@ def test_noscript_reloads_once_then_a_timeout_stops() -> None:
     lim = StartRateLimiter(fake)
     assert lim.acquire("b", [FAST]).degraded  # no reload loop
     assert (fake.evalsha_calls, fake.loads) == (2, 1)
+
+
+@pytest.mark.parametrize("odd", [b"1 5 5 0", b"granted", [1, 5, 5, 0, 60_000, 0], None])
+def test_an_odd_reply_degrades_once_with_its_code_and_is_not_resent(
+    odd: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = ScriptedClient(odd, b"1 5 5 0 60000 0")
+    lim = StartRateLimiter(fake)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        permit = lim.acquire("b", [FAST])
+    assert permit.degraded and fake.evalsha_calls == 1
+    assert "START_RATE_REPLY_INVALID" in caplog.text
+    again = lim.acquire("b", [FAST])  # no breaker: the next call asks Redis again
+    assert not again.degraded and (again.scheduled_at_ms, again.rate) == (5, 60.0)
+
+
+def test_a_penalty_answered_with_a_line_is_odd() -> None:
+    fake = ScriptedClient(b"1 60000 1 5 5", [1, 60_000, 1, 5, 5])
+    lim = StartRateLimiter(fake)
+    assert lim.penalize_detail("b", [FAST], 0, 0).degraded and fake.evalsha_calls == 1
+    assert lim.penalize_detail("b", [FAST], 0, 0) == Penalty(True, 60.0, 1, 5, 5)
 
 
 def test_the_limiter_client_has_no_command_retries(redis_url: str) -> None:

@@ -37,9 +37,8 @@ def dumps(value: Any) -> str:
     return str(kombu_dumps(value))  # type: ignore[no-untyped-call]
 
 
-def _direct(app: Any) -> bool:
+def _direct(app: Any, url: str) -> bool:
     """Our envelope is kombu's only for plain Redis without a global key prefix."""
-    url = str(app.conf.broker_url or "")
     options = app.conf.broker_transport_options or {}
     return url.startswith(("redis://", "rediss://")) and not options.get(
         "global_keyprefix") and "priority_steps" not in options and "sep" not in options
@@ -62,6 +61,10 @@ def envelope(app: Any, task_id: str, name: str, args: list[Any], queue: str = QU
 
 
 def push(client: redis.Redis, app: Any, messages: Sequence[Message], queue: str) -> None:
+    if len(messages) == 1:  # submit_run: one command needs no pipeline object
+        task_id, name, args = messages[0]
+        client.lpush(queue, envelope(app, task_id, name, args, queue))
+        return
     for start in range(0, len(messages), _PIPELINE):
         pipe = client.pipeline(transaction=False)
         for task_id, name, args in messages[start:start + _PIPELINE]:
@@ -86,7 +89,8 @@ def send_starts(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> No
     """
     if not messages:
         return
-    if _direct(app):
-        push(redis_client(str(app.conf.broker_url)), app, messages, queue)
+    url = str(app.conf.broker_url or "")  # Celery's settings are slow to read: once
+    if _direct(app, url):
+        push(redis_client(url), app, messages, queue)
     else:
         produce(app, messages, queue)

@@ -7,6 +7,12 @@ SQLite, which has no data-modifying CTEs, four multi-row INSERTs do the same in 
 caller's BEGIN IMMEDIATE transaction. On PostgreSQL the caller may run the write in
 autocommit: a single statement is a transaction of its own. A key already used by the
 org inserts nothing (ON CONFLICT DO NOTHING); its earlier run is looked up afterwards.
+
+One run (submit_run) has its own statement of plain values: no arrays to adapt and
+unnest, a third less work for PostgreSQL than the batch statement. On PostgreSQL a
+bundle the caller knows is stored (`known`) is not sent again; if it is gone after
+all, the runs' foreign key refuses the statement and the caller writes it again with
+the bundle (submit.write_admitted).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +91,36 @@ WITH items AS (
 SELECT id FROM inserted
 """
 
+_PG_BUNDLE = """
+), bundles AS (
+    INSERT INTO play_bundles (digest, source, size)
+    VALUES (%(b_digest)s, %(b_source)s, %(b_size)s)
+    ON CONFLICT (digest) DO NOTHING"""
+
+# One run: the batch statement's shape with values for arrays; {bundle} is _PG_BUNDLE
+# or nothing. RI checks run at the end of the statement, so they see the bundle.
+_PG_WRITE_ONE = f"""
+WITH inserted AS (
+    INSERT INTO runs (id, org_id, play_path, play_digest, idempotency_key, input, status,
+                      current_generation, deferral_count, deferral_total_ms)
+    VALUES (%(id)s, %(org)s, %(path)s, %(digest)s, %(key)s, %(input)s::jsonb, '{QUEUED}',
+            0, 0, 0)
+    ON CONFLICT (org_id, idempotency_key) DO NOTHING
+    RETURNING id{{bundle}}
+), events AS (
+    INSERT INTO run_events (run_id, kind, data)
+    SELECT id, '{EV_ADMITTED}', %(event)s::jsonb FROM inserted
+), outbox_rows AS (
+    INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count)
+    SELECT %(outbox)s, id, '{TASK_START_ATTEMPT}', jsonb_build_array(id),
+           CASE WHEN %(handed_off)s THEN clock_timestamp() END,
+           CASE WHEN %(handed_off)s THEN 1 ELSE 0 END
+    FROM inserted
+)
+SELECT id FROM inserted
+"""
+_PG_ONE = {True: _PG_WRITE_ONE.format(bundle=_PG_BUNDLE), False: _PG_WRITE_ONE.format(bundle="")}
+
 _PG_EXISTING = """
 SELECT r.org_id, r.idempotency_key, r.id FROM runs r
 JOIN unnest(%(org)s::varchar[], %(key)s::varchar[]) AS k(org_id, idempotency_key)
@@ -96,8 +133,21 @@ def _bundles(items: Sequence[NewRun]) -> dict[str, PlaySource]:
 
 
 def _write_pg(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
-              outbox_ids: list[str], handed_off: bool) -> set[str]:
-    bundles = list(_bundles(items).values())
+              outbox_ids: list[str], handed_off: bool, known: AbstractSet[str]) -> set[str]:
+    bundles = [b for b in _bundles(items).values() if b.digest not in known]
+    if len(items) == 1:
+        item = items[0]
+        params: dict[str, Any] = {
+            "id": ids[0], "org": item.org_id, "path": item.play.path,
+            "digest": item.play.digest, "key": item.idempotency_key,
+            "input": _dumps(item.input), "event": _dumps(_event_data(item)),
+            "outbox": outbox_ids[0], "handed_off": handed_off,
+        }
+        if bundles:
+            params.update(b_digest=item.play.digest, b_source=item.play.source,
+                          b_size=len(item.play.source.encode()))
+        rows = conn.exec_driver_sql(_PG_ONE[bool(bundles)], params)
+        return {row[0] for row in rows}
     params = {
         "id": ids, "org": [i.org_id for i in items], "path": [i.play.path for i in items],
         "digest": [i.play.digest for i in items],
@@ -116,7 +166,8 @@ _SQLITE_CHUNK = 500
 
 
 def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
-                  outbox_ids: list[str], handed_off: bool) -> set[str]:
+                  outbox_ids: list[str], handed_off: bool, known: AbstractSet[str]) -> set[str]:
+    del known  # every bundle: a local INSERT in the same transaction, nothing to save
     conn.execute(sqlite_insert(PlayBundle).on_conflict_do_nothing(index_elements=["digest"]),
                     [{"digest": b.digest, "source": b.source, "size": len(b.source.encode())}
                      for b in _bundles(items).values()])
@@ -158,8 +209,11 @@ def _existing(conn: sa.Connection, pairs: list[tuple[str, str]]) -> dict[tuple[s
     return {(org, key): run_id for org, key, run_id in rows}
 
 
-def write(conn: sa.Connection, items: Sequence[NewRun], *, handed_off: bool) -> list[Written]:
+def write(conn: sa.Connection, items: Sequence[NewRun], *, handed_off: bool,
+          known: AbstractSet[str] = frozenset()) -> list[Written]:
     """Insert every run whose key is new; the others come back as created=False.
+
+    `known`: digests of bundles committed in this database already (not sent again).
 
     Items are written in (org, key) order so two batches that share keys take the
     unique-index locks in one order and never deadlock.
@@ -170,7 +224,7 @@ def write(conn: sa.Connection, items: Sequence[NewRun], *, handed_off: bool) -> 
     ids = [new_id() for _ in ordered]
     outbox_ids = [str(uuid.uuid4()) for _ in ordered]
     writer = _write_pg if conn.dialect.name == "postgresql" else _write_sqlite
-    inserted = writer(conn, ordered, ids, outbox_ids, handed_off)
+    inserted = writer(conn, ordered, ids, outbox_ids, handed_off, known)
     missing = [(item.org_id, item.idempotency_key) for item, run_id in zip(ordered, ids,
                                                                             strict=True)
                if run_id not in inserted and item.idempotency_key is not None]

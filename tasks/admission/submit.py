@@ -9,6 +9,7 @@ back the earlier run and writes nothing for it.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,36 @@ def check_items(items: Any) -> list[rows.NewRun]:
     return [_check_item(i, item, plays) for i, item in enumerate(items)]
 
 
+# Bundles committed per database (by URL), as this process wrote them: a later run of
+# the same play does not send its source again. Bundles are never deleted by playrun;
+# should one go anyway, the runs' foreign key refuses the write and it is sent again.
+_STORED_BUNDLES_MAX = 4096
+_stored_bundles: dict[str, set[str]] = {}
+_stored_lock = threading.Lock()
+
+
+def _stored(engine: sa.Engine) -> set[str]:
+    key = engine.url.render_as_string(hide_password=True)
+    with _stored_lock:
+        return _stored_bundles.setdefault(key, set())
+
+
+def _remember(stored: set[str], items: Sequence[rows.NewRun]) -> None:
+    with _stored_lock:
+        if len(stored) > _STORED_BUNDLES_MAX:
+            stored.clear()  # many plays: start again, each costs one resend
+        stored.update(item.play.digest for item in items)
+
+
+def _forget(engine: sa.Engine, items: Sequence[rows.NewRun]) -> bool:
+    """Drop the batch's bundles from what is known stored; True if any was known."""
+    stored = _stored(engine)
+    with _stored_lock:
+        known = {item.play.digest for item in items} & stored
+        stored.difference_update(known)
+    return bool(known)
+
+
 def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted]:
     # A key repeated inside the batch maps to its first occurrence: written once.
     first: dict[tuple[str, str], int] = {}
@@ -113,9 +144,11 @@ def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted
     if engine.dialect.name == "postgresql":
         # The write is one statement, so autocommit makes it one transaction and one
         # round trip (no BEGIN, no COMMIT); the lookup of earlier keys only reads.
+        stored = _stored(engine)
         with engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            written = rows.write(conn, unique, handed_off=handed_off)
+            written = rows.write(conn, unique, handed_off=handed_off, known=stored)
+        _remember(stored, unique)
     else:
         with engine.begin() as conn:  # BEGIN IMMEDIATE (tasks.db): the write lock
             written = rows.write(conn, unique, handed_off=handed_off)
@@ -138,8 +171,10 @@ def write_admitted(items: Sequence[rows.NewRun], *, handed_off: bool) -> list[Ad
         admitted = _write_once(items, handed_off)
     except sa.exc.IntegrityError:
         # A concurrent admission with one of our keys won the unique index while we wrote:
-        # once it has committed, a second pass finds its run.
-        if all(item.idempotency_key is None for item in items):
+        # once it has committed, a second pass finds its run. Or a bundle taken for
+        # stored is gone: the second pass sends it.
+        resent = _forget(get_engine(), items)
+        if not resent and all(item.idempotency_key is None for item in items):
             raise
         admitted = _write_once(items, handed_off)
     # Counted once committed, and only the runs this call created.

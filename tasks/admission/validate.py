@@ -12,6 +12,10 @@ import hashlib
 import json
 import math
 import os
+import stat
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,14 +49,66 @@ def check_play_path(play: Any) -> str:
     return check_text(play, "play path", MAX_PLAY_PATH_CHARS)
 
 
+# Plays read before, by the identity of the file read: (path text, device, inode, size,
+# mtime, ctime). Any write or rename changes ctime (no caller can set it), so a hit is
+# the same bytes; only files whose times were settled before the read are kept (see
+# _settled), and the cache is bounded in bytes (plays are up to MAX_PLAY_BYTES each).
+_PlayKey = tuple[str, int, int, int, int, int]
+_PLAY_CACHE_BYTES = 8 * 1024 * 1024
+# A change within the filesystem's timestamp granularity (up to 2 s on some) could
+# leave times as they were: a file whose times are that recent is read every time.
+_SETTLED_NS = 2_000_000_000
+_plays: OrderedDict[_PlayKey, tuple[PlaySource, int]] = OrderedDict()  # play, its bytes
+_plays_bytes = 0
+_plays_lock = threading.Lock()
+
+
+def _play_key(text: str, st: os.stat_result) -> _PlayKey:
+    return (text, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _cached_play(text: str) -> PlaySource | None:
+    try:
+        st = os.stat(text)
+    except (OSError, ValueError):
+        return None  # load_play reads it and says why
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    key = _play_key(text, st)
+    with _plays_lock:
+        found = _plays.get(key)
+        if found is None:
+            return None
+        _plays.move_to_end(key)
+        return found[0]
+
+
+def _keep_play(key: _PlayKey, play: PlaySource, size: int, read_at_ns: int) -> None:
+    global _plays_bytes
+    if max(key[4], key[5]) >= read_at_ns - _SETTLED_NS or size > _PLAY_CACHE_BYTES // 4:
+        return
+    with _plays_lock:
+        if key in _plays:
+            return
+        _plays[key] = (play, size)
+        _plays_bytes += size
+        while _plays_bytes > _PLAY_CACHE_BYTES:
+            _plays_bytes -= _plays.popitem(last=False)[1][1]
+
+
 def load_play(play: Any) -> PlaySource:
     text = check_play_path(play)
+    cached = _cached_play(text)
+    if cached is not None:
+        return cached
     path = Path(text)
+    read_at_ns = time.time_ns()
     try:
         if not path.is_file():
             raise PlayNotFoundError(f"play file {brief(text)} does not exist")
         with path.open("rb") as f:
             raw = f.read(MAX_PLAY_BYTES + 1)  # never more than the limit in memory
+            st = os.fstat(f.fileno())  # after the read: a write during it shows in ctime
     except OSError as exc:  # unreadable, a name too long for the filesystem, ...
         raise PlayNotFoundError(f"play file {brief(text)} cannot be read: "
                                 f"{exc.strerror or type(exc).__name__}") from exc
@@ -65,7 +121,10 @@ def load_play(play: Any) -> PlaySource:
         raise PlayInvalidError(f"play file is not UTF-8: {exc}") from exc
     if "\x00" in source:
         raise PlayInvalidError("play file holds a NUL byte; a Python source cannot")
-    return PlaySource(text, source, hashlib.sha256(raw).hexdigest())
+    loaded = PlaySource(text, source, hashlib.sha256(raw).hexdigest())
+    if stat.S_ISREG(st.st_mode) and st.st_size == len(raw):
+        _keep_play(_play_key(text, st), loaded, len(raw), read_at_ns)
+    return loaded
 
 
 # --- run input -----------------------------------------------------------------------

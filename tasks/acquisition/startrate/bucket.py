@@ -1,15 +1,22 @@
 """The fleet-wide sandbox start-rate bucket in Redis (SPEC 4.3).
 
 One Lua script per operation (``lua/acquire.lua``, ``penalize.lua``, ``inspect.lua``),
-each atomic, with Redis ``TIME`` as the clock; ``lua/prelude.lua`` (the clock and the
-read of a rule's hash) is put in front of each when it is loaded. A bucket's rules live
-in one hash each, ``<prefix>{<bucket>}:rule:<name>``: the braces are a hash tag, so
-every key a script touches sits in one slot and the scripts run on Redis Cluster.
+each atomic, with Redis ``TIME`` as the clock; ``lua/prelude.lua`` (the clock, the
+unpacking of ARGV and the read of a rule's hash) is put in front of each when it is
+loaded. A bucket's rules live in one hash each, ``<prefix>{<bucket>}:rule:<name>``: the
+braces are a hash tag, so every key a script touches sits in one slot and the scripts
+run on Redis Cluster.
+
+Each call's numbers travel packed in one argument, and acquire answers with one status
+line: per call, redis-py spent more packing ten arguments and parsing a six-element
+reply than Redis spent running the script.
 
 Redis trouble never reaches the caller: on any Redis error the limiter hands out a
 ``degraded`` permit from a per-process in-memory GCRA at the initial rate (or the
 override), logs a warning at most once a minute, and after a connection failure or
-timeout skips Redis for ``breaker_ms`` so a dead server costs no latency per call.
+timeout skips Redis for ``breaker_ms`` so a dead server costs no latency per call. A
+reply of the wrong shape degrades the same way (a StartRateReplyError, logged with its
+code, never re-sent), without the breaker.
 
 Create one limiter per process and keep it: it owns a connection pool and the
 warning throttle.
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +46,7 @@ from tasks.acquisition.startrate import maths
 from tasks.acquisition.startrate.fallback import LocalStartRateLimiter
 from tasks.acquisition.startrate.maths import MPM, Penalty, Permit, RateRule, RuleState
 from tasks.constants import KEY_START_RATE
+from tasks.errors import StartRateReplyError
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,9 +61,12 @@ _POOL_PRIVATE = frozenset({
 
 
 class ScriptClient(Protocol):
-    """The two commands the limiter sends (a redis.Redis, or a fake in tests)."""
+    """The two commands the limiter sends (a redis.Redis, or a fake in tests).
 
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: str) -> Any: ...
+    The limiter sends bytes (a packed ARGV is binary); redis-py types them as str.
+    """
+
+    def evalsha(self, sha: Any, numkeys: int, *keys_and_args: Any) -> Any: ...
 
     def script_load(self, script: str) -> Any: ...
 
@@ -64,6 +76,7 @@ class Script:
     name: str
     body: str
     sha: str
+    sha_bytes: bytes  # as sent: redis-py packs bytes as they are
 
 
 def _lua(name: str) -> str:
@@ -79,7 +92,8 @@ def load_script(name: str) -> Script:
     limiter counts; _run keeps that one rule: only NOSCRIPT (nothing ran) re-sends.
     """
     body = _lua("prelude") + _lua(name)
-    return Script(name, body, hashlib.sha1(body.encode("utf-8")).hexdigest())
+    sha = hashlib.sha1(body.encode("utf-8")).hexdigest()
+    return Script(name, body, sha, sha.encode("ascii"))
 
 
 def no_retry_client(client: redis.Redis, socket_timeout_s: float) -> redis.Redis:
@@ -106,9 +120,22 @@ def _params(rule: RateRule) -> maths.Params:
     return maths.params_of(rule)
 
 
+_EXACT = 2 ** 53  # doubles hold every integer below this exactly
+
+
+def _pack(values: Sequence[int]) -> bytes:
+    """ARGV[1] of every script: integers as little-endian doubles (prelude.lua).
+
+    Lua reads a double with no conversion; every value is an integer below 2^53.
+    """
+    if any(not -_EXACT < v < _EXACT for v in values):
+        raise ValueError(f"start-rate numbers must stay below 2^53: {values!r}")
+    return struct.pack(f"<{len(values)}d", *values)
+
+
 @lru_cache(maxsize=1024)
-def _rule_argv(rule: RateRule, script: str) -> tuple[str, ...]:
-    """A rule's ARGV for one script: only the numbers that script reads."""
+def _rule_packed(rule: RateRule, script: str) -> bytes:
+    """A rule's numbers for one script, packed: only the numbers that script reads."""
     p = _params(rule)
     if script == "acquire":
         values: tuple[int, ...] = (p.initial_mpm, p.max_mpm, p.floor_mpm, p.increase_mpm,
@@ -117,7 +144,7 @@ def _rule_argv(rule: RateRule, script: str) -> tuple[str, ...]:
         values = (p.initial_mpm, p.max_mpm, p.floor_mpm, p.decrease_ppm, p.fixed_mpm)
     else:
         values = (p.initial_mpm, p.max_mpm, p.floor_mpm, p.fixed_mpm)
-    return tuple(str(v) for v in values)
+    return _pack(values)
 
 
 @lru_cache(maxsize=1024)
@@ -127,6 +154,39 @@ def _keys(prefix: str, bucket: str, names: tuple[str, ...]) -> tuple[str, ...]:
     if not names or len(set(names)) != len(names):
         raise ValueError(f"rules need distinct names: {names!r}")
     return tuple(f"{prefix}{{{bucket}}}:rule:{name}" for name in names)
+
+
+def _call(prefix: str, bucket: str, rules: Sequence[RateRule], script: str,
+          head: tuple[int, ...]) -> tuple[bytes, ...]:
+    """KEYS then ARGV[1] of one script call (ARGV[2], the test clock, is added apart)."""
+    keys = _keys(prefix, bucket, tuple(rule.name for rule in rules))
+    packed = _pack(head) + b"".join(_rule_packed(rule, script) for rule in rules)
+    return (*(key.encode() for key in keys), packed)
+
+
+@lru_cache(maxsize=4096)
+def _acquire_call(prefix: str, bucket: str, rules: tuple[RateRule, ...], horizon_us: int,
+                  idle_ttl_ms: int, successes: int) -> tuple[bytes, ...]:
+    # Every part is fixed per limiter, bucket and rules but successes (a small count),
+    # so the hot path's arguments are built once.
+    return _call(prefix, bucket, rules, "acquire", (horizon_us, idle_ttl_ms, successes))
+
+
+def _ints(reply: Any, count: int, script: str) -> list[int]:
+    """A reply's integers: acquire's is one status line, the others' an array.
+
+    Anything else is odd: a StartRateReplyError, which the limiter never re-sends.
+    """
+    line = script == "acquire"
+    try:
+        if isinstance(reply, (bytes, str)) is not line:
+            raise TypeError(type(reply))
+        values = [int(v) for v in (reply.split() if line else reply)]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) != count:
+        raise StartRateReplyError(f"{script} answered {reply!r:.200}, not {count} integers")
+    return values
 
 
 class StartRateLimiter:
@@ -170,17 +230,15 @@ class StartRateLimiter:
     def acquire(
         self, bucket: str, rules: Sequence[RateRule], observed_successes: int = 1,
     ) -> Permit:
-        keys, rule_argv = self._prepare(bucket, rules, "acquire")
+        args = self._acquire_args(bucket, rules, observed_successes)
         if self._redis_skipped():
             return self.fallback.acquire(bucket, rules, observed_successes)
-        args = [self._now_arg(), str(self.horizon_ms * 1000), str(self.idle_ttl_ms),
-                str(max(0, observed_successes)), *rule_argv]
         try:
-            reply = self._run("acquire", keys, args)
-        except RedisError as exc:
+            granted, scheduled_ms, now_ms, wait_ms, rate_mpm, epoch = _ints(
+                self._run("acquire", len(rules), self._with_clock(args)), 6, "acquire")
+        except (RedisError, StartRateReplyError) as exc:
             self._degrade(exc, "acquire", bucket)
             return self.fallback.acquire(bucket, rules, observed_successes)
-        granted, scheduled_ms, now_ms, wait_ms, rate_mpm, epoch = (int(v) for v in reply)
         return Permit(bool(granted), scheduled_ms, now_ms, wait_ms, rate_mpm / MPM, epoch)
 
     def penalize(
@@ -192,27 +250,27 @@ class StartRateLimiter:
     def penalize_detail(
         self, bucket: str, rules: Sequence[RateRule], permit_epoch: int, cooldown_ms: int,
     ) -> Penalty:
-        keys, rule_argv = self._prepare(bucket, rules, "penalize")
+        args = _call(self.prefix, bucket, rules, "penalize",
+                     (self.idle_ttl_ms, int(permit_epoch), max(0, cooldown_ms) * 1000))
         if self._redis_skipped():
             return self.fallback.penalize(bucket, rules, permit_epoch, cooldown_ms)
-        args = [self._now_arg(), str(self.idle_ttl_ms), str(int(permit_epoch)),
-                str(max(0, cooldown_ms) * 1000), *rule_argv]
         try:
-            reply = self._run("penalize", keys, args)
-        except RedisError as exc:
+            applied, rate_mpm, epoch, until_ms, now_ms = _ints(
+                self._run("penalize", len(rules), self._with_clock(args)), 5, "penalize")
+        except (RedisError, StartRateReplyError) as exc:
             self._degrade(exc, "penalize", bucket)
             return self.fallback.penalize(bucket, rules, permit_epoch, cooldown_ms)
-        applied, rate_mpm, epoch, until_ms, now_ms = (int(v) for v in reply)
         return Penalty(bool(applied), rate_mpm / MPM, epoch, until_ms, now_ms)
 
     def inspect(self, bucket: str, rules: Sequence[RateRule]) -> list[RuleState]:
         """Each rule's rate, epoch, TAT and cooldown end; read-only."""
-        keys, rule_argv = self._prepare(bucket, rules, "inspect")
+        args = _call(self.prefix, bucket, rules, "inspect", ())
         if self._redis_skipped():
             return self.fallback.inspect(bucket, rules)
         try:
-            reply = [int(v) for v in self._run("inspect", keys, [self._now_arg(), *rule_argv])]
-        except RedisError as exc:
+            reply = _ints(self._run("inspect", len(rules), self._with_clock(args)),
+                          1 + 6 * len(rules), "inspect")
+        except (RedisError, StartRateReplyError) as exc:
             self._degrade(exc, "inspect", bucket)
             return self.fallback.inspect(bucket, rules)
         now_us, out = reply[0], []
@@ -233,30 +291,30 @@ class StartRateLimiter:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _prepare(self, bucket: str, rules: Sequence[RateRule],
-                 script: str) -> tuple[list[str], list[str]]:
-        keys = _keys(self.prefix, bucket, tuple(rule.name for rule in rules))
-        argv = [v for rule in rules for v in _rule_argv(rule, script)]
-        return list(keys), argv
+    def _acquire_args(self, bucket: str, rules: Sequence[RateRule],
+                      observed_successes: int = 1) -> tuple[bytes, ...]:
+        """KEYS and ARGV[1] of an acquire, as sent (bench_startrate pipelines them)."""
+        return _acquire_call(self.prefix, bucket, tuple(rules), self.horizon_ms * 1000,
+                             self.idle_ttl_ms, max(0, observed_successes))
 
-    def _now_arg(self) -> str:
-        return "" if self._clock_us is None else str(self._clock_us())
+    def _with_clock(self, args: tuple[bytes, ...]) -> tuple[bytes, ...]:
+        return args if self._clock_us is None else (*args, str(self._clock_us()).encode())
 
-    def _run(self, name: str, keys: list[str], args: list[str]) -> list[Any]:
+    def _run(self, name: str, numkeys: int, keys_and_args: tuple[bytes, ...]) -> Any:
         """EVALSHA; on NOSCRIPT load the script and run it once more.
 
         Only NOSCRIPT (nothing ran) re-sends. A timeout or a dropped connection may
-        have run the script, so it propagates and the caller degrades instead.
+        have run the script, so it propagates and the caller degrades instead; so does
+        an odd reply (StartRateReplyError), never re-sent either.
         """
         script = load_script(name)
         try:
-            reply = self._client.evalsha(script.sha, len(keys), *keys, *args)
+            return self._client.evalsha(script.sha_bytes, numkeys, *keys_and_args)
         except NoScriptError:
             with self._lock:
                 self.script_loads += 1
             self._client.script_load(script.body)
-            reply = self._client.evalsha(script.sha, len(keys), *keys, *args)
-        return list(reply)
+            return self._client.evalsha(script.sha_bytes, numkeys, *keys_and_args)
 
     def _redis_skipped(self) -> bool:
         with self._lock:
@@ -265,7 +323,7 @@ class StartRateLimiter:
                 self.degraded_calls += 1
             return skipped
 
-    def _degrade(self, exc: RedisError, op: str, bucket: str) -> None:
+    def _degrade(self, exc: RedisError | StartRateReplyError, op: str, bucket: str) -> None:
         now = self._monotonic()
         with self._lock:
             self.degraded_calls += 1

@@ -1,71 +1,76 @@
 -- acquire: one start permit from every rule of a bucket (GCRA pacing, AIMD increase).
 --
 -- KEYS[i]  rule i's hash (see prelude.lua); every key in one hash slot
--- ARGV[1]  now_us: "" in production (Redis TIME); an integer only in tests
--- ARGV[2]  horizon_us: a grant may be scheduled at most this far ahead
--- ARGV[3]  idle_ttl_ms
--- ARGV[4]  observed_successes: additive-increase steps this grant earns
--- ARGV[5i .. 5i+4]  rule i: initial, max, floor, increase (mpm), fixed (mpm, 0 = none)
--- Returns  {granted 0|1, scheduled_at_ms, server_now_ms, wait_ms, rate_mpm, epoch}
---          rate: the slowest rule's effective rate after the decision; wait_ms 0 on a grant.
--- Calls    one HMGET per rule; a grant adds one HSET (r, t) per rule, and a PEXPIRE
---          only when the key's TTL fell a tenth of idle_ttl short; a denial writes nothing.
+-- ARGV[1]  packed integers (see prelude.lua): horizon_us (a grant may be scheduled at
+--          most this far ahead), idle_ttl_ms, observed_successes (additive-increase
+--          steps this grant earns), then per rule i at A[5i-1 .. 5i+3]: initial, max,
+--          floor, increase (mpm), fixed (mpm, 0 = none)
+-- ARGV[2]  now_us, tests only; absent in production (Redis TIME)
+-- Returns  a status reply "granted scheduled_at_ms server_now_ms wait_ms rate_mpm epoch"
+--          (six integers: one line is cheaper to build and to parse than six replies);
+--          granted 0|1, rate the slowest rule's effective rate after the decision,
+--          wait_ms 0 on a grant.
+-- Calls    one HMGET per rule; a grant adds one HSET per rule (t, and r only when it
+--          changed), and a PEXPIRE only when the key's TTL fell a tenth of idle_ttl
+--          short; a denial writes nothing.
 
-local now = clock(ARGV[1])
 local n = #KEYS
--- Per rule: rate, TAT, cooldown, expiry, effective rate, and whether the key was missing.
-local R, T, C, X, F, M = {}, {}, {}, {}, {}, {}
+local A = numbers(ARGV[1], 3 + 5 * n)
+local now = clock(ARGV[2])
+-- Per rule: its state table h, with h[6] the clamped rate and h[7] the effective rate.
+local S = {}
 local scheduled, cooldown, epoch, slowest = now, 0, 0, nil
 for i = 1, n do
-  local a = 5 * i
-  local r, t, e, c, x = state(KEYS[i])
-  M[i] = r == nil
-  -- Clamped on read so a changed floor/max applies at once to stored state.
-  r = math.min(tonumber(ARGV[a + 1]), math.max(tonumber(ARGV[a + 2]), r or tonumber(ARGV[a])))
-  local eff = tonumber(ARGV[a + 4])
+  local a = 5 * i - 2
+  local h = state(KEYS[i])
+  local r = min(A[a + 2], max(A[a + 3], h[1] or A[a + 1]))  -- clamped (prelude)
+  local eff = A[a + 5]
   if eff == 0 then eff = r end
-  R[i], T[i], C[i], X[i], F[i] = r, t, c, x, eff
-  if t > scheduled then scheduled = t end
-  if c > cooldown then cooldown = c end
-  if e > epoch then epoch = e end
+  h[6], h[7] = r, eff
+  S[i] = h
+  if h[2] > scheduled then scheduled = h[2] end
+  if h[4] > cooldown then cooldown = h[4] end
+  if h[3] > epoch then epoch = h[3] end
   if slowest == nil or eff < slowest then slowest = eff end
 end
 
-local now_ms = math.floor(now / 1000)
-local need = math.max(cooldown - now, scheduled - now - tonumber(ARGV[2]))
+local now_ms = floor(now / 1000)
+local need = max(cooldown - now, scheduled - now - A[1])
 if need > 0 then
   -- Denied: reserve nothing. wait_ms counts from the reported ms so that an acquire at
   -- server_now_ms + wait_ms is past both the cooldown and the horizon.
-  return {0, math.ceil(math.max(scheduled, cooldown) / 1000), now_ms,
-          math.ceil((now + need) / 1000) - now_ms, slowest, epoch}
+  return {ok = fmt('0 %d %d %d %d %d', ceil(max(scheduled, cooldown) / 1000), now_ms,
+                   ceil((now + need) / 1000) - now_ms, slowest, epoch)}
 end
 
-local idle_ttl, successes = tonumber(ARGV[3]), tonumber(ARGV[4])
+local idle_ttl, successes = A[2], A[3]
 slowest = nil
 for i = 1, n do
-  local a = 5 * i
+  local a, h = 5 * i - 2, S[i]
+  local r, eff = h[6], h[7]
   -- Every rule's next slot follows the shared schedule, so each rule stays paced.
-  local tat = scheduled + math.ceil(60000000000 / F[i])
-  local r, eff = R[i], F[i]
+  local tat = scheduled + ceil(60000000000 / eff)
   -- Additive increase only while busy (a backlog, or a permit within the last interval)
   -- and never under an override, whose adaptive state is kept as it was.
-  if tonumber(ARGV[a + 4]) == 0 then
-    if T[i] >= now and successes > 0 then
-      r = math.min(tonumber(ARGV[a + 1]), r + tonumber(ARGV[a + 3]) * successes)
+  if A[a + 5] == 0 then
+    if h[2] >= now and successes > 0 then
+      r = min(A[a + 2], r + A[a + 4] * successes)
     end
     eff = r
   end
-  local want = expiry(idle_ttl, now, math.max(tat, C[i]))
-  if M[i] then
+  local want = expiry(idle_ttl, now, max(tat, h[4]))
+  if h[1] == nil then
     -- A new key gets every field, so scripts of the previous release can read it.
     redis.call('HSET', KEYS[i], 'r', int(r), 't', int(tat), 'e', '0', 'c', '0', 'x', int(want))
     redis.call('PEXPIRE', KEYS[i], want - now_ms)
-  elseif stale(X[i], want, idle_ttl) then
+  elseif want - (tonumber(h[5]) or 0) > idle_ttl / 10 then  -- see expiry()
     redis.call('HSET', KEYS[i], 'r', int(r), 't', int(tat), 'x', int(want))
     redis.call('PEXPIRE', KEYS[i], want - now_ms)
-  else
+  elseif r ~= h[1] then
     redis.call('HSET', KEYS[i], 'r', int(r), 't', int(tat))
+  else
+    redis.call('HSET', KEYS[i], 't', int(tat))  -- r as stored: an override, or no growth
   end
   if slowest == nil or eff < slowest then slowest = eff end
 end
-return {1, math.ceil(scheduled / 1000), now_ms, 0, slowest, epoch}
+return {ok = fmt('1 %d %d 0 %d %d', ceil(scheduled / 1000), now_ms, slowest, epoch)}

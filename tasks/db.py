@@ -135,11 +135,16 @@ def session_scope(url: str | None = None, *, readonly: bool = False,
 
 
 @contextmanager
-def autocommit(url: str | None = None) -> Iterator[sa.Connection]:
-    """A pooled connection in autocommit: one statement is one transaction and one round
-    trip (psycopg sends BEGIN on its own before a transaction's first statement)."""
+def autocommit(url: str | None = None, *, readonly: bool = False) -> Iterator[sa.Connection]:
+    """A pooled connection in autocommit: on PostgreSQL one statement is one transaction
+    and one round trip (psycopg sends BEGIN on its own before a transaction's first
+    statement). SQLite still begins (see _sqlite_engine): `readonly` keeps a read off
+    the write lock there."""
     with get_engine(url).connect() as conn:
-        yield conn.execution_options(isolation_level="AUTOCOMMIT")
+        options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"}
+        if readonly:
+            options["playrun_readonly"] = True
+        yield conn.execution_options(**options)
 
 
 _AFTER_COMMIT = "playrun_after_commit"

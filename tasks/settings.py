@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tasks.constants import DEV_SECRET_KEY, SHEET_MAX_PAGE_ROWS
+from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, SHEET_MAX_PAGE_ROWS
 from tasks.errors import ConfigurationError
 
 _HOME = Path.home() / ".playrun"
@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     # unset: /sys/fs/cgroup/playrun when running as root on a cgroup v2 host, else none.
     sandbox_cgroup: Path | None = None
     sandbox_cpus: float = Field(default=1.0, gt=0)
-    org_capacity: int = Field(default=10, ge=0)
+    org_capacity: int = Field(default=10, ge=0, le=MAX_SQL_INT)
     capacity_mode: Literal["enforce", "observe"] = "enforce"
     # In `enforce`, a full org fails the run, or with `defer` waits through the bounded deferral.
     capacity_full: Literal["fail", "defer"] = "fail"

@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 import tasks
 from models import CapacityLease, RuntimeResource, db_now
@@ -31,6 +32,7 @@ from tasks.acquisition.sandbox import labels_for, record_live
 from tasks.constants import (
     CAPACITY_EXCEEDED_MESSAGE,
     LABEL_RUN,
+    MAX_SQL_INT,
     SUCCEEDED,
 )
 from tasks.db import session_scope
@@ -262,6 +264,17 @@ def test_a_stale_attempt_can_neither_reserve_nor_promote(pg_url: str) -> None:
     promote(second, new_lease, "local", "lsb-eeeeeeeeeeeeeeee")
     assert lease(new_lease) == ("live", "local", "lsb-eeeeeeeeeeeeeeee")
     assert release_lease(run_id, 2) == [new_lease]
+
+
+def test_the_largest_limit_reserves_and_a_larger_one_is_refused(pg_url: str) -> None:
+    settings = get_settings().model_copy(update={"org_capacity": MAX_SQL_INT})
+    org_id = org()
+    fence = must_claim(new_run(org_id))
+    lease_id = reserve(fence, org_id, settings)
+    assert lease(lease_id) == ("reserved", None, None)
+    assert release_lease(fence.run_id, fence.generation) == [lease_id]
+    with pytest.raises(ValidationError):
+        type(settings)(org_capacity=MAX_SQL_INT + 1)
 
 
 def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own(

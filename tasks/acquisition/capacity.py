@@ -3,8 +3,9 @@
 Reservations lock the org's row in `capacity_orgs` (an upsert that takes the row
 lock and returns the limit; SQLite's BEGIN IMMEDIATE serialises writers anyway), so
 concurrent workers count and insert one at a time and live + reserved can never pass
-the limit in `enforce`. The count and the insert are one conditional INSERT on
-PostgreSQL: it runs after the lock is held, so its snapshot sees every committed lease.
+the limit in `enforce`. On PostgreSQL lock, count and insert are one call of the
+function `playrun_capacity_reserve` (migration 0008), whose statements each take a fresh
+snapshot, so the count follows the lock and sees every committed lease.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def in_use(session: Session, org_id: str) -> int:
 _PG_RESERVE = f"""
 WITH held AS ({HELD_SQL}), res AS (
     SELECT f.used, f.lease_id, f.cap FROM held, LATERAL playrun_capacity_reserve(
-        %(org)s, %(id)s, held.id, %(gen)s, %(token)s, %(default)s, %(observe)s,
-        %(ttl)s) AS f
+        %(org)s, %(id)s, held.id, %(gen)s::integer, %(token)s, %(default)s::integer,
+        %(observe)s, %(ttl)s) AS f
 ), overrun AS (
     INSERT INTO run_events (run_id, generation, kind, data)
     SELECT %(run)s, %(gen)s, '{EV_CAPACITY_OVERRUN}', jsonb_build_object(
@@ -113,6 +114,7 @@ def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> 
             "default": settings.org_capacity, "observe": observe,
             "ttl": float(settings.capacity_reservation_ttl_s)}).first()
         if row is None:
+            hold(session, fence)  # raises, saying which part of the fence failed
             raise FenceLostError(f"attempt {fence.generation} of run {fence.run_id} "
                                  "lost its fence before reserving capacity")
         used, inserted, limit = int(row[0]), row[1], int(row[2])
@@ -176,6 +178,7 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
             **fence_params(fence), "lease": lease_id, "provider": provider,
             "sandbox": sandbox_id}).one()
         if not held:
+            hold(session, fence)  # raises, saying which part of the fence failed
             raise FenceLostError(f"attempt {fence.generation} of run {fence.run_id} "
                                  "lost its fence before its lease went live")
     else:

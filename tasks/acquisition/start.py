@@ -78,8 +78,8 @@ def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
         if policy.mode == traffic.HOLD:
             return Opened(claimed, policy)
         try:
-            # A full org writes nothing here (the reservation is one conditional
-            # INSERT), so the claim still commits and the deferral parks the attempt.
+            # A full org takes no slot here (only the no-op lock of its org row), so the
+            # claim still commits and the deferral parks the attempt.
             reservation = capacity.reserve(session, claimed.fence, claimed.org_id, settings)
         except CapacityExceededError as exc:
             return Opened(claimed, policy, full=exc)

@@ -79,7 +79,8 @@ _UNDELETED = (
 
 def release_sandboxes(run_id: str, generation: int, token: str) -> int:
     """Delete every sandbox this holder still has; returns how many are left undeleted."""
-    # A plain read in autocommit: one round trip, no BEGIN or COMMIT.
+    # A plain read in autocommit: one round trip on PostgreSQL, no BEGIN or COMMIT. (On
+    # SQLite it stays a write-locked read, as it was: the deletes follow.)
     with autocommit() as conn:
         rows = conn.execute(_UNDELETED, {"run": run_id, "gen": generation,
                                          "token": token}).all()

@@ -15,6 +15,7 @@ Any other broker, or a Redis transport with a key prefix, uses kombu's producer
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,8 @@ Message = tuple[str, str, list[Any]]  # (task id = outbox row id, task name, arg
 
 # Commands per pipeline flush: bounded memory for a huge batch.
 _PIPELINE = 500
+# A start message is a few KiB; anything far larger at the tail is not one of ours.
+_MAX_ENVELOPE = 1 << 20
 
 
 def dumps(value: Any) -> str:
@@ -79,6 +82,26 @@ def produce(app: Any, messages: Sequence[Message], queue: str) -> None:
                                     argsrepr=shown(name, args), kwargsrepr="{}")
             producer.publish(m.body, exchange="", routing_key=queue, headers=m.headers,
                              serializer="json", retry=False, declare=None, **m.properties)
+
+
+def oldest_waiting(app: Any, queue: str = QUEUE) -> str | None:
+    """The task id of the oldest message still waiting on `queue` (kombu's Redis transport
+    pushes on the left and pops on the right), or None: an empty queue, another broker,
+    or a message that is not a task's."""
+    url = str(app.conf.broker_url or "")
+    if not _direct(app, url):
+        return None
+    try:
+        raw = redis_client(url).lindex(queue, -1)
+    except redis.RedisError:
+        return None  # the resend's publish meets the same broker, and says so
+    if not isinstance(raw, bytes) or len(raw) > _MAX_ENVELOPE:
+        return None
+    try:
+        task_id = json.loads(raw)["headers"]["id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return task_id if isinstance(task_id, str) and len(task_id) <= 64 else None
 
 
 def send_starts(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> None:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import sqlalchemy.orm
 
 from models import Outbox, Run, db_now
-from tasks.admission.broker import Message, send_starts
+from tasks.admission.broker import Message, oldest_waiting, send_starts
 
 __all__ = ["Message", "publish", "publish_admitted", "publish_due", "resend_stale"]
 from tasks.constants import QUEUED
@@ -90,8 +90,10 @@ def resend_stale(app: Any, *, after_s: float, limit: int = 200) -> int:
     """Re-publish the start of runs still queued long after it was sent.
 
     A broker that lost its messages (a Redis restart) must not strand a run, nor may a
-    submitter that died before its publish. The wait doubles with each resend so a long
-    but healthy backlog is not flooded.
+    submitter that died before its publish. A healthy backlog is not flooded: the broker
+    hands out starts oldest first, so only a run sent before the oldest start still
+    waiting there can have lost its message (or be held by a worker that died); the
+    others wait their turn. The wait also doubles with each resend.
     """
     newer = sa.orm.aliased(Outbox)
     # Doubling per resend, capped at 2**6; CASE reads the same on both backends.
@@ -113,4 +115,10 @@ def resend_stale(app: Any, *, after_s: float, limit: int = 200) -> int:
         .order_by(Run.created_at)
         .limit(limit)
     )
+    oldest = oldest_waiting(app)
+    if oldest is not None:  # unknown to this database (another's message): no bound
+        waiting = sa.orm.aliased(Outbox)  # not the outer row: no correlation
+        waiting_since = sa.select(waiting.sent_at).where(waiting.id == oldest) \
+            .scalar_subquery()
+        stmt = stmt.where(Outbox.sent_at < sa.func.coalesce(waiting_since, db_now()))
     return _claim_and_publish(app, stmt)

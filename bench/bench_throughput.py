@@ -14,6 +14,7 @@ counter reads N.
 the N throughput runs), for their main processes and their pool children, sum and max
 (beat then runs as its own process, so a worker's descendants are its pool children).
 A line per 1,000 runs goes to stderr, to tell a steady growth from a step.
+Also printed: the CPU each process kind spent per run over the timed runs.
 """
 
 from __future__ import annotations
@@ -34,19 +35,23 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     Child,
     bench_env,
+    cpu_matching,
+    database_name,
     gateway_env,
     rss,
     start_beat,
     start_gateway,
     start_worker,
     stop_on_sigterm,
+    tree_cpu,
     tree_pids,
 )
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 
 
-def plain(n: int, env: dict[str, str], log_dir: Path) -> float:
+def plain(n: int, env: dict[str, str], log_dir: Path) -> tuple[float, float]:
+    """Tasks per second, and CPU ms per task (workers and this process)."""
     workers = []
     try:
         for i in range(2):
@@ -64,11 +69,14 @@ def plain(n: int, env: dict[str, str], log_dir: Path) -> float:
             count.delay(warm)
         wait_count(counter, warm, 20)
         key = f"count-{uuid.uuid4().hex}"
+        cpu0 = sum(tree_cpu(w.pid) for w in workers) + sum(os.times()[:2])
         t0 = time.perf_counter()
         for _ in range(n):
             count.delay(key)
         wait_count(counter, key, n)
-        return n / (time.perf_counter() - t0)
+        rate = n / (time.perf_counter() - t0)
+        cpu = sum(tree_cpu(w.pid) for w in workers) + sum(os.times()[:2]) - cpu0
+        return rate, 1000 * cpu / n
     finally:
         for w in workers:
             w.stop()
@@ -160,7 +168,7 @@ def main() -> None:
         env = {**os.environ, **env}
         org = f"bench-{uuid.uuid4().hex[:6]}"
         capacity.set_limit(org, 100_000)
-        plain_rate = plain(args.n, env, log_dir)
+        plain_rate, plain_cpu = plain(args.n, env, log_dir)
         procs = [start_gateway(env, log_dir)]
         try:
             host = Child("runner-host", [sys.executable, "-m", "tasks.sandbox.fake_runners",
@@ -177,7 +185,16 @@ def main() -> None:
             if args.long:
                 submit_and_wait(100 - 20, org)
                 snapshots.append(worker_rss(workers))
+            sides = {"gateway": lambda: tree_cpu(procs[0].pid),
+                     "worker trees (mains, pools, beat)":
+                         lambda: sum(tree_cpu(w.pid) for w in workers),
+                     "runner host": lambda: tree_cpu(host.pid),
+                     "PostgreSQL backends": lambda: cpu_matching(database_name(env)),
+                     "this process (4 submitting threads, poller)":
+                         lambda: sum(os.times()[:2])}
+            before = {k: f() for k, f in sides.items()}
             rate = submit_and_wait(args.n, org)
+            cpu_ms = {k: 1000 * (f() - before[k]) / args.n for k, f in sides.items()}
             if args.long:
                 done = 100 + args.n
                 while done < args.long:
@@ -194,6 +211,11 @@ def main() -> None:
     print(f"{args.n} no-op runs, 2 workers x --concurrency=2, fake provider (hosted runners)")
     print(f"{'plain Celery count.delay(), end to end':44} {plain_rate:8.1f} /s   1.00")
     print(f"{'playrun submit_run -> terminal':44} {rate:8.1f} /s   {rate / plain_rate:.3f}")
+    print("CPU per run (ms), by process, over the timed runs:")
+    for label, ms in cpu_ms.items():
+        print(f"  {label:42} {ms:7.1f}")
+    print(f"  {'all of the above':42} {sum(cpu_ms.values()):7.1f}   (Redis not counted)")
+    print(f"  {'plain Celery: workers and this process':42} {plain_cpu:7.1f}   per task")
     if args.long:
         print(rss_table(snapshots[0], snapshots[1], args.long))
 

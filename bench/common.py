@@ -306,6 +306,26 @@ def tree_cpu(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_matching(text: str) -> float:
+    """CPU seconds used so far by live processes whose command line contains `text`
+    (a database's PostgreSQL backends show its name in theirs)."""
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def xact_commits(datname: str) -> int:
     """pg_stat_database.xact_commit of a database, read from the `postgres` database (so the
     reading itself is not counted)."""

@@ -1,6 +1,9 @@
 """Start-rate bucket: decisions/s against a bare EVALSHA, and accuracy under contention.
 
-    python bench/bench_startrate.py --redis redis://127.0.0.1:6379/14
+    python bench/bench_startrate.py [--redis redis://127.0.0.1:6379/14]
+
+Without --redis it claims a free bench db (12-15) as the other benches do, so two
+benches never flush or share each other's keys.
 
 (1) Throughput, side by side on the same Redis: the acquire script (grant path, deny
     path, two rules) against a trivial ``return 1`` script, pipelined (N calls in
@@ -15,12 +18,16 @@ import argparse
 import math
 import multiprocessing
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import REDIS_BASE, claim_redis_db
 from tasks.acquisition.startrate import RateRule, StartRateLimiter
 from tasks.acquisition.startrate.bucket import load_script
 
@@ -180,7 +187,8 @@ def accuracy(url: str, permits: int, procs: int, per_min: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--redis", default="redis://127.0.0.1:6379/14")
+    ap.add_argument("--redis", default=None, help="a Redis URL with its db (default: a "
+                    "free bench db)")
     ap.add_argument("--calls", type=int, default=20_000)
     ap.add_argument("--pipeline", type=int, default=100)
     ap.add_argument("--single", type=int, default=5_000)
@@ -188,10 +196,11 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--per-min", type=float, default=60_000)
     a = ap.parse_args()
-    info = redis.Redis.from_url(a.redis).info("server")
-    print(f"redis {info['redis_version']} at {a.redis}; redis-py {redis.__version__}")
-    throughput(a.redis, a.calls, a.pipeline, a.single)
-    accuracy(a.redis, a.permits, a.procs, a.per_min)
+    url = a.redis or f"{REDIS_BASE}/{claim_redis_db(REDIS_BASE, 14)}"
+    info = redis.Redis.from_url(url).info("server")
+    print(f"redis {info['redis_version']} at {url}; redis-py {redis.__version__}")
+    throughput(url, a.calls, a.pipeline, a.single)
+    accuracy(url, a.permits, a.procs, a.per_min)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,9 @@ def after_commit(session: Session, hook: Callable[[], None]) -> None:
 
 
 _ASYNC_COMMIT = sa.text("SET LOCAL synchronous_commit = off")
+# The same for a single autocommit statement, as a CTE body it selects from (a SET would
+# be a statement, and a round trip, of its own).
+ASYNC_COMMIT_SQL = "SELECT set_config('synchronous_commit', 'off', true)"
 
 
 def is_postgres(session: Session) -> bool:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
-from tasks.db import autocommit
+from tasks.db import ASYNC_COMMIT_SQL, autocommit
 from tasks.errors import FenceLostError
 
 
@@ -162,9 +162,7 @@ def fence_params(fence: Fence) -> dict[str, Any]:
 # commit does not wait for the WAL flush (a lost event of this kind is harmless: the
 # durable launch record that follows flushes it anyway).
 _APPEND_IF_CURRENT = f"""
-WITH quick AS (
-    SELECT set_config('synchronous_commit', 'off', true)
-), held AS ({HELD_SQL})
+WITH quick AS ({ASYNC_COMMIT_SQL}), held AS ({HELD_SQL})
 INSERT INTO run_events (run_id, generation, kind, data, at)
 SELECT held.id, %(gen)s, %(kind)s, %(data)s::jsonb, clock_timestamp() FROM held, quick
 RETURNING id

@@ -1,92 +1,47 @@
 """Work receipts at the gateway: a real `playrun gateway` process and real PostgreSQL, with
-attempts launched by hand (no worker). Claims, reuse, waits, takeovers, refusals, the
-release of what an ended attempt holds, the app-code views and the CLI."""
+attempts launched by hand (no worker). Claims, reuse, waits, takeovers and refusals; the
+release and the app-code views are in test_receipts_release.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import tasks
-from models import Attempt, Outbox, WorkReceipt, db_now
-from tasks.admission.submit import admit
+from models import Attempt, db_now
 from tasks.db import session_scope
-from tasks.errors import InputInvalidError
 from tasks.execution import runner_client, runner_steps
-from tasks.execution.launch import mark_launching
 from tasks.gateway import tokens
 from tasks.gateway.actions import steps as step_actions
 from tasks.gateway.actions.base import Context
 from tasks.gateway.beats import BeatBatcher
-from tasks.release.attempt import release_attempt
-from tasks.release.receipts import release_orphans, release_receipts
 from tasks.settings import get_settings
-from tasks.settlement.outcome import Outcome
-from tasks.settlement.terminal import settle_forced
-from tests.conftest import ROOT, Gateway, worker_env
+from tests.conftest import Gateway
 from tests.helpers import eventually
+from tests.receipt_support import (
+    HELLO,
+    ORG_PREFIX,
+    act,
+    claim,
+    complete,
+    launched,
+    org,
+    receipt,
+    step_events,
+)
 from tests.support import close_open_runs, must_claim, supersede
 from tests.test_gateway import Launched, call, refused
-
-ORG_PREFIX = "rcg-"
-NOOP = ROOT / "examples" / "plays" / "noop.py"
-HELLO = ROOT / "examples" / "plays" / "hello.py"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_open_runs_left(pg_url: str) -> Iterator[None]:
     yield
     close_open_runs(ORG_PREFIX)
-
-
-def org() -> str:
-    return f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
-
-
-def launched(org_id: str | None = None, play: Path = NOOP) -> Launched:
-    admitted = admit(play, {}, org_id or org(), None)
-    with session_scope() as session:  # keep it off the broker: the test drives it
-        session.execute(sa.update(Outbox).where(Outbox.id == admitted.outbox_id)
-                        .values(sent_at=db_now()))
-    fence = must_claim(admitted.run_id)
-    launch_id = mark_launching(fence, get_settings())
-    assert launch_id is not None
-    return Launched(fence, launch_id, tasks.get_run(admitted.run_id).org_id)
-
-
-def act(gw: Gateway, run: Launched, body: dict[str, Any]) -> Any:
-    response = call(gw, run.token(), body)
-    assert response.status_code == 200, response.text
-    return response.json()["result"]
-
-
-def claim(gw: Gateway, run: Launched, key: str, claim_id: str = "c1") -> Any:
-    return act(gw, run, {"action": "step_claim", "key": key, "claim_id": claim_id})
-
-
-def complete(gw: Gateway, run: Launched, key: str, output: Any, claim_id: str = "c1",
-             ttl_s: float | None = None) -> Any:
-    return act(gw, run, {"action": "step_complete", "key": key, "claim_id": claim_id,
-                         "output": output, "ttl_s": ttl_s})
-
-
-def step_events(run: Launched) -> list[tuple[str, dict[str, Any]]]:
-    return [(e.kind, e.data) for e in tasks.run_events(run.fence.run_id)
-            if e.kind.startswith("step.") or e.kind == "receipts.released"]
-
-
-def receipt(org_id: str, key: str) -> tasks.ReceiptView:
-    (found,) = [r for r in tasks.receipts(org_id) if r.key == key]
-    return found
 
 
 # --- claim, complete, reuse ----------------------------------------------------------------
@@ -422,107 +377,3 @@ def test_a_claim_after_the_fence_is_lost_is_refused(gateway: Gateway) -> None:
     refused(call(gateway, run.token(), {"action": "step_claim", "key": "k", "claim_id": "c"}),
             409, "FENCE_LOST")
     assert tasks.receipts(run.org_id) == []
-
-
-# --- release --------------------------------------------------------------------------------
-
-def test_an_ended_attempt_releases_what_it_still_holds(gateway: Gateway) -> None:
-    run = launched()
-    for key in ("a", "b", "c"):
-        claim(gateway, run, key)
-    complete(gateway, run, "a", 1)
-    assert release_receipts(run.fence.run_id, 1) == 0  # still live: nothing is touched
-    act(gateway, run, {"action": "complete", "result": {"status": "succeeded", "output": 1}})
-    assert release_receipts(run.fence.run_id, 1) == 2
-    assert release_receipts(run.fence.run_id, 1) == 0
-    assert [(r.key, r.status) for r in tasks.receipts(run.org_id)] == [
-        ("a", "completed"), ("b", "released"), ("c", "released")]
-    assert step_events(run)[-1] == ("receipts.released", {"count": 2})
-    assert [k for k, _ in step_events(run)].count("receipts.released") == 1
-    after = launched(run.org_id)
-    assert claim(gateway, after, "b") == {"state": "run"}
-    assert claim(gateway, after, "a")["state"] == "reuse"
-
-
-def test_the_release_step_of_an_attempt_releases_its_receipts(gateway: Gateway) -> None:
-    run = launched()
-    claim(gateway, run, "k")
-    release_attempt(run.fence.run_id, 1, run.fence.lease_token)  # still live: kept
-    assert receipt(run.org_id, "k").status == "running"
-    settle_forced(run.fence.run_id, Outcome.failed("RUNTIME_INTERNAL_ERROR", "test"), "test")
-    release_attempt(run.fence.run_id, 1, run.fence.lease_token)
-    assert receipt(run.org_id, "k").status == "released"
-    assert step_events(run)[-1] == ("receipts.released", {"count": 1})
-
-
-def test_the_reaper_releases_receipts_a_forced_settlement_left(gateway: Gateway) -> None:
-    run = launched()
-    claim(gateway, run, "k")
-    settle_forced(run.fence.run_id, Outcome.failed("RUNTIME_INTERNAL_ERROR", "test"), "test")
-    assert receipt(run.org_id, "k").status == "running"
-    assert release_orphans() >= 1
-    assert receipt(run.org_id, "k").status == "released"
-    assert step_events(run)[-1] == ("receipts.released", {"count": 1})
-
-
-# --- app code and the CLI -------------------------------------------------------------------
-
-def test_clear_receipts_by_key_play_and_org(gateway: Gateway) -> None:
-    a = launched()
-    b = launched(a.org_id, HELLO)
-    for run, keys in ((a, ("k1", "k2", "held")), (b, ("k1",))):
-        for key in keys:
-            claim(gateway, run, key)
-            if key != "held":
-                complete(gateway, run, key, key)
-    assert tasks.clear_receipts(a.org_id, key="k1") == 2
-    assert tasks.clear_receipts(a.org_id, play="noop", key="k1") == 0
-    assert [r.key for r in tasks.receipts(a.org_id)] == ["held", "k2"]
-    assert tasks.clear_receipts(a.org_id, play="plays/noop.py") == 1  # held ones stay
-    assert [r.key for r in tasks.receipts(a.org_id)] == ["held"]
-    assert tasks.clear_receipts(org()) == 0
-    again = launched(a.org_id)
-    assert claim(gateway, again, "k2") == {"state": "run"}  # cleared: the step runs again
-
-
-@pytest.mark.parametrize(("args", "kwargs"), [
-    (("",), {}), ((" ",), {}), (("x" * 200,), {}), ((None,), {}),
-    (("acme",), {"play": ""}), (("acme",), {"key": "k" * 2000}),
-])
-def test_bad_arguments_are_refused(pg_url: str, args: tuple[Any, ...],
-                                   kwargs: dict[str, Any]) -> None:
-    if "key" not in kwargs:
-        with pytest.raises(InputInvalidError):
-            tasks.receipts(*args, **kwargs)
-    with pytest.raises(InputInvalidError):
-        tasks.clear_receipts(*args, **kwargs)
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", "receipts", *args],
-                          env=worker_env(COLUMNS="250"), cwd=str(ROOT), capture_output=True,
-                          text=True, timeout=60)
-
-
-def test_cli_show_and_clear(gateway: Gateway) -> None:
-    run = launched()
-    claim(gateway, run, "lookup:acme.com")
-    complete(gateway, run, "lookup:acme.com", {"employees": 12})
-    claim(gateway, run, "lookup:held.io")
-    shown = cli("show", "--org", run.org_id)
-    assert shown.returncode == 0, shown.stderr
-    assert "lookup:acme.com" in shown.stdout and "completed" in shown.stdout
-    assert '{"employees": 12}' in shown.stdout and "lookup:held.io" in shown.stdout
-    assert run.fence.run_id in shown.stdout and "2 receipt(s)" in shown.stdout
-    assert "0 receipt(s)" in cli("show", "--org", run.org_id, "--play", "hello").stdout
-    cleared = cli("clear", "--org", run.org_id, "--key", "lookup:acme.com")
-    assert cleared.returncode == 0 and "cleared 1 receipt(s)" in cleared.stdout
-    assert "lookup:acme.com" not in cli("show", "--org", run.org_id).stdout
-    missing = cli("show")
-    assert missing.returncode == 2 and "--org" in missing.stderr
-    bad = cli("clear", "--org", " ")
-    assert bad.returncode == 2 and "INPUT_INVALID" in bad.stderr
-    assert len(tasks.receipts(run.org_id)) == 1
-    with session_scope() as s:
-        assert s.scalar(sa.select(sa.func.count()).select_from(WorkReceipt).where(
-            WorkReceipt.org_id == run.org_id)) == 1

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from models import RuntimeResource, db_now
 from tasks import ledger
 from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_DELETED
-from tasks.db import autocommit, get_engine, session_scope
+from tasks.db import ASYNC_COMMIT_SQL, autocommit, get_engine, session_scope
 from tasks.errors import PlayrunError
 from tasks.fence import lock_run
 from tasks.runtime import provider
@@ -21,9 +21,7 @@ log = logging.getLogger("playrun.release")
 # mark, GC finds the sandbox gone and marks it again. The run row is locked first, as
 # every writer does (the update joins it), and the event is written once, with the mark.
 _PG_MARK_DELETED = f"""
-WITH quick AS (
-    SELECT set_config('synchronous_commit', 'off', true)
-), run AS (
+WITH quick AS ({ASYNC_COMMIT_SQL}), run AS (
     SELECT id FROM runs WHERE id = %(run)s FOR UPDATE
 ), gone AS (
     UPDATE runtime_resources AS r SET state = '{RESOURCE_DELETED}',

@@ -142,16 +142,21 @@ def hold_launch(session: Session, fence: LaunchFence, run: Run | None = None
     return run, attempt
 
 
-# The fence as a CTE body, for statements that check it themselves (params run, gen,
-# token): the run row, then the current attempt, locked as hold() locks them.
-HELD_SQL = f"""
-    SELECT r.id FROM runs r
-    JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation
+def held_sql(columns: str = "r.id", join: str = "", lock: str = "r, a") -> str:
+    """The fence as a CTE body, for statements that check it themselves (params run, gen,
+    token): the run row, then the current attempt (then what `join` adds), locked as
+    hold() locks them."""
+    return f"""
+    SELECT {columns} FROM runs r
+    JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation {join}
     WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.lease_token = %(token)s
       AND a.state = '{ATTEMPT_ACTIVE}' AND a.lease_expires_at > clock_timestamp()
       AND r.status NOT IN ({", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))})
-    FOR UPDATE OF r, a
+    FOR UPDATE OF {lock}
 """
+
+
+HELD_SQL = held_sql()
 
 
 def fence_params(fence: Fence) -> dict[str, Any]:

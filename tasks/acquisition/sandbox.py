@@ -6,6 +6,7 @@ an owner (or prove there is none) for any sandbox the provider lists.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from importlib import resources
@@ -46,6 +47,7 @@ from tasks.settings import Settings, get_settings
 log = logging.getLogger("playrun.acquisition")
 
 
+@functools.cache  # read once per process: every sandbox gets the same bytes
 def runner_source(name: str = "runner.py") -> bytes:
     return resources.files("tasks.execution").joinpath(name).read_bytes()
 

@@ -22,10 +22,12 @@ from tasks import metrics
 from tasks.acquisition import capacity
 from tasks.acquisition.sandbox import record_for_cleanup, record_live_in
 from tasks.constants import RUNNER_FILE
-from tasks.db import after_commit, session_scope
+from tasks.db import after_commit, autocommit, session_scope
 from tasks.errors import FenceLostError
+from tasks.execution import launch_record
 from tasks.fence import Fence, hold
 from tasks.gateway import tokens
+from tasks.runtime import host_queue
 from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
 from tasks.settings import Settings
 
@@ -71,6 +73,10 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
     not mint tokens the gateway thinks not yet valid, or expired). With `sandbox`, the same
     transaction first records it live and promotes its capacity lease `lease_id`."""
     launch_id = secrets.token_hex(16)
+    if sandbox is not None and settings.is_postgres:
+        done, mark = _record_fast(fence, settings, sandbox, lease_id, launch_id)
+        if done:
+            return mark
 
     def promote(session: Session, ref: SandboxRef) -> None:
         if lease_id is not None:
@@ -91,6 +97,32 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
         raise
 
 
+def _record_fast(fence: Fence, settings: Settings, sandbox: SandboxRef, lease_id: str | None,
+                 launch_id: str) -> tuple[bool, LaunchMark | None]:
+    """(False, None) when the statement wrote nothing: the general transaction decides."""
+    with autocommit() as conn:
+        done = launch_record.record(
+            conn, fence, sandbox, lease_id, launch_id=launch_id,
+            host_queue=host_queue(sandbox.provider), deadline_s=_deadline_s(settings),
+            lease_s=_first_lease_s(settings))
+    if done.outcome is launch_record.Recorded.MISSED:
+        return False, None
+    if done.outcome is launch_record.Recorded.CANCELLED:
+        return True, None
+    if done.created_at is not None:
+        metrics.run_started(done.created_at)
+    return True, LaunchMark(launch_id, done.db_time)
+
+
+def _deadline_s(settings: Settings) -> float:
+    """Past this the runner is lost whatever the sandbox says."""
+    return settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_timeout_s
+
+
+def _first_lease_s(settings: Settings) -> float:
+    return settings.heartbeat_timeout_s + STARTUP_GRACE_S
+
+
 def _mark(session: Session, run: Run, attempt: Attempt, launch_id: str,
           settings: Settings) -> LaunchMark:
     with session.no_autoflush:  # the attempt's changes go out as one UPDATE at commit
@@ -98,10 +130,8 @@ def _mark(session: Session, run: Run, attempt: Attempt, launch_id: str,
     assert db_time is not None
     attempt.launch_id = launch_id
     attempt.runner_started_at = db_now()
-    # Past this the runner is lost whatever the sandbox says.
-    attempt.runner_deadline = db_now(
-        settings.run_timeout_s + HARD_KILL_GRACE_S + settings.heartbeat_timeout_s)
-    attempt.lease_expires_at = db_now(settings.heartbeat_timeout_s + STARTUP_GRACE_S)
+    attempt.runner_deadline = db_now(_deadline_s(settings))
+    attempt.lease_expires_at = db_now(_first_lease_s(settings))
     created_at = run.created_at
     after_commit(session, lambda: metrics.run_started(created_at))
     return LaunchMark(launch_id, db_time.timestamp())

@@ -172,6 +172,10 @@ def is_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
+def is_postgres_url(url: str | None = None) -> bool:
+    return get_engine(url).dialect.name == "postgresql"
+
+
 # --- migrations -------------------------------------------------------------
 # Alembic (with mako and pygments) is imported only to migrate: a worker, the gateway or
 # app code checks the revision with one SELECT against SCHEMA_REVISION, and starts faster.

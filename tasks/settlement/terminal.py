@@ -20,10 +20,11 @@ from tasks.constants import (
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
 )
-from tasks.db import after_commit, session_scope
+from tasks.db import after_commit, autocommit, is_postgres_url, session_scope
 from tasks.errors import FenceLostError
 from tasks.fence import Fence, LaunchFence, hold, hold_launch, lock_run
 from tasks.notify import run_settled
+from tasks.settlement import pushed
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 
 
@@ -62,6 +63,7 @@ _REFUSED = (sa.exc.DataError, sa.exc.IntegrityError, sa.exc.ProgrammingError,
             sa.exc.StatementError)
 _TRANSIENT = (sa.exc.OperationalError, sa.exc.InterfaceError)
 CANCEL_REASON = "cancelled"
+PUSHED_REASON = "pushed"
 
 
 def unstorable(outcome: Outcome, exc: Exception) -> Outcome:
@@ -126,6 +128,13 @@ def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
     the cancel deletes the sandbox first and then writes `cancelled` (SPEC 4.10)."""
 
     def write(chosen: Outcome) -> Settled:
+        if is_postgres_url():
+            with autocommit() as conn:  # the common case, in one statement
+                done = pushed.settle(conn, fence, chosen, PUSHED_REASON)
+            if done is not None:
+                metrics.run_ended(chosen.status, chosen.code, done.created_at,
+                                  chosen.code == RUNTIME_RUNNER_LOST)
+                return Settled(True, chosen, done.holder_token, done.host_queue)
         with session_scope() as session:
             run = lock_run(session, fence.run_id)
             if run is not None and run.status in TERMINAL_STATUSES:
@@ -133,7 +142,7 @@ def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
             run, attempt = hold_launch(session, fence, run)
             if run.cancel_requested_at is not None:
                 return Settled(False, CANCELLED_OUTCOME)
-            return _end(session, run, attempt, chosen, "pushed")
+            return _end(session, run, attempt, chosen, PUSHED_REASON)
 
     settled = _storing(write, outcome)
     if settled.won:

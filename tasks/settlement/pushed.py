@@ -1,0 +1,82 @@
+"""A pushed terminal on PostgreSQL in one statement: the launch fence, the attempt's end,
+the run's terminal fields and their ledger events, one durable round trip.
+
+It writes only when this launch is current on an open run with no cancel recorded. Any
+other case changes nothing and answers None: the general transaction (terminal.py) then
+reports the terminal that won, the cancel, or the lost fence.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from tasks.constants import (
+    ATTEMPT_ACTIVE,
+    ATTEMPT_ENDED,
+    EV_PROGRESS_DROPPED,
+    TERMINAL_EVENT,
+    TERMINAL_STATUSES,
+)
+from tasks.fence import LaunchFence
+from tasks.settlement.outcome import Outcome
+
+# The two events go in by one INSERT in ledger order: the ids of rows inserted by
+# separate CTEs of one statement follow no defined order.
+_SQL = f"""
+WITH held AS (
+    SELECT r.id, r.created_at, a.id AS attempt_id, a.lease_token, a.host_queue,
+           a.progress_dropped, a.progress_count
+    FROM runs r
+    JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation
+    WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.launch_id = %(launch)s
+      AND a.state = '{ATTEMPT_ACTIVE}' AND r.cancel_requested_at IS NULL
+      AND r.status NOT IN ({", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))})
+    FOR UPDATE OF r, a
+), ended AS (
+    UPDATE attempts a SET state = '{ATTEMPT_ENDED}', end_reason = %(reason)s,
+        ended_at = clock_timestamp()
+    FROM held WHERE a.id = held.attempt_id
+    RETURNING a.id
+), settled AS (
+    UPDATE runs r SET status = %(status)s, code = %(code)s, error = %(error)s,
+        output = %(output)s::jsonb, finished_at = clock_timestamp(),
+        updated_at = clock_timestamp(), deferred_until = NULL
+    FROM held WHERE r.id = held.id
+    RETURNING r.id
+), events AS (
+    INSERT INTO run_events (run_id, generation, kind, data)
+    SELECT e.run_id, %(gen)s, e.kind, e.data FROM (
+        SELECT 1 AS n, held.id AS run_id, '{EV_PROGRESS_DROPPED}' AS kind,
+               jsonb_build_object('dropped', held.progress_dropped,
+                                  'kept', held.progress_count) AS data
+        FROM held WHERE held.progress_dropped > 0
+        UNION ALL
+        SELECT 2, settled.id, %(kind)s, %(data)s::jsonb FROM settled
+    ) e ORDER BY e.n
+)
+SELECT held.lease_token, held.host_queue, held.created_at FROM held
+"""
+
+
+@dataclass(frozen=True)
+class Written:
+    holder_token: str
+    host_queue: str | None
+    created_at: datetime
+
+
+def settle(conn: sa.Connection, fence: LaunchFence, outcome: Outcome,
+           reason: str) -> Written | None:
+    """Run the statement on an autocommit connection; None if it wrote nothing."""
+    row = conn.exec_driver_sql(_SQL, {
+        "run": fence.run_id, "gen": fence.generation, "launch": fence.launch_id,
+        "reason": reason, "status": outcome.status, "code": outcome.code,
+        "error": outcome.error, "output": json.dumps(outcome.output),
+        "kind": TERMINAL_EVENT[outcome.status],
+        "data": json.dumps({"code": outcome.code, "error": outcome.error}),
+    }).first()
+    return None if row is None else Written(row[0], row[1], row[2])

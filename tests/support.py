@@ -19,7 +19,9 @@ from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.admission.submit import admit
 from tasks.constants import ATTEMPT_ACTIVE, ATTEMPT_FENCED_OUT, TERMINAL_STATUSES
 from tasks.db import session_scope
-from tasks.fence import Fence
+from tasks.execution.launch import record_launch
+from tasks.fence import Fence, LaunchFence
+from tasks.sandbox import SandboxRef
 from tasks.settings import Settings, get_settings
 from tasks.settlement.outcome import Outcome
 
@@ -187,3 +189,14 @@ class StubApp:
 
     def send_task(self, name: str, args: Any = None, **_: Any) -> None:
         self.sent.append((name, args))
+
+
+def launched() -> tuple[LaunchFence, str]:
+    """A claimed run whose sandbox is recorded live and its runner launched (no broker,
+    no process): (its launch fence, its lease token)."""
+    org = f"org-{uuid.uuid4().hex[:8]}"
+    fence = must_claim(new_run(org), "t")
+    sandbox = SandboxRef("fake", f"fsb-{uuid.uuid4().hex[:12]}", {"playrun": "1"}, time.time())
+    mark = record_launch(fence, get_settings(), sandbox, reserve(fence, org))
+    assert mark is not None
+    return LaunchFence(fence.run_id, fence.generation, mark.launch_id), fence.lease_token

@@ -4,7 +4,6 @@ launch no longer current, an output the database refuses)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -14,22 +13,10 @@ from models import Attempt, Run, db_now
 from tasks import ledger
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.execution.launch import record_launch
 from tasks.fence import LaunchFence
-from tasks.sandbox import SandboxRef
-from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
-from tests.support import must_claim, new_run, reserve
-
-
-def launched() -> tuple[LaunchFence, str]:
-    org = f"org-{uuid.uuid4().hex[:8]}"
-    fence = must_claim(new_run(org), "t")
-    sandbox = SandboxRef("fake", f"fsb-{uuid.uuid4().hex[:12]}", {"playrun": "1"}, time.time())
-    mark = record_launch(fence, get_settings(), sandbox, reserve(fence, org))
-    assert mark is not None
-    return LaunchFence(fence.run_id, fence.generation, mark.launch_id), fence.lease_token
+from tests.support import launched
 
 
 def ledger_of(run_id: str) -> list[tuple[str, dict[str, object]]]:

@@ -11,7 +11,7 @@ import logging
 
 from tasks.release.capacity import release_lease
 from tasks.release.receipts import release_receipts
-from tasks.release.sandboxes import release_sandboxes
+from tasks.release.sandboxes import Released, release_sandboxes
 
 log = logging.getLogger("playrun.release")
 
@@ -20,10 +20,13 @@ def release_attempt(run_id: str, generation: int, token: str) -> None:
     """Delete the holder's sandboxes, release the receipts its ended attempt still holds,
     then its capacity lease. Never raises."""
     try:
-        left = release_sandboxes(run_id, generation, token)
+        released = release_sandboxes(run_id, generation, token, with_leases=True)
     except Exception:
         log.exception("releasing sandboxes of run %s gen %s failed", run_id, generation)
-        left = 1
+        released = Released(1)
+    if released.leases_released:
+        return  # no receipts held, and the leases went with the sandbox's mark
+    left = released.left
     try:
         release_receipts(run_id, generation)  # only if that attempt can no longer write
     except Exception:

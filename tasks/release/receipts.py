@@ -25,16 +25,23 @@ log = logging.getLogger("playrun.release")
 ORPHAN_BATCH = 200
 
 
+# Built once: every release asks it, and building it cost more than the round trip.
+_ANY_HELD = sa.select(WorkReceipt.receipt_key).where(
+    WorkReceipt.owner_run_id == sa.bindparam("run"),
+    WorkReceipt.owner_generation == sa.bindparam("gen"),
+    WorkReceipt.status.in_(sorted(RECEIPT_HELD))).limit(1)
+
+
 def release_receipts(run_id: str, generation: int) -> int:
     """Release what attempt `generation` of the run still holds; returns how many."""
-    held = sa.and_(WorkReceipt.owner_run_id == run_id,
-                   WorkReceipt.owner_generation == generation,
-                   WorkReceipt.status.in_(list(RECEIPT_HELD)))
     with autocommit(readonly=True) as conn:
         # Most runs hold none: a read (one round trip on PostgreSQL) spares them a write
         # transaction. A receipt taken after it has a live owner, which is skipped anyway.
-        if conn.scalar(sa.select(WorkReceipt.receipt_key).where(held).limit(1)) is None:
+        if conn.scalar(_ANY_HELD, {"run": run_id, "gen": generation}) is None:
             return 0
+    held = sa.and_(WorkReceipt.owner_run_id == run_id,
+                   WorkReceipt.owner_generation == generation,
+                   WorkReceipt.status.in_(list(RECEIPT_HELD)))
     with session_scope() as session:
         run = lock_run(session, run_id)  # run row first, as every writer does: no deadlock
         released = int(session.execute(

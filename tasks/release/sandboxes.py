@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -12,6 +13,7 @@ from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_DELETED
 from tasks.db import ASYNC_COMMIT_SQL, autocommit, get_engine, session_scope
 from tasks.errors import PlayrunError
 from tasks.fence import lock_run
+from tasks.release.after_delete import mark_and_release
 from tasks.runtime import provider
 
 log = logging.getLogger("playrun.release")
@@ -39,14 +41,7 @@ FROM gone
 def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_id: str,
                     generation: int) -> bool:
     """Delete one sandbox at its provider, then mark it deleted (once). True if deleted."""
-    try:
-        provider(provider_name).delete(sandbox_id)
-    except (PlayrunError, OSError) as exc:
-        log.warning("sandbox %s of run %s not deleted yet: %s", sandbox_id, run_id, exc)
-        with session_scope() as session:
-            session.execute(sa.update(RuntimeResource).where(
-                RuntimeResource.id == resource_id).values(last_error=str(exc)[:2000],
-                                                          updated_at=db_now()))
+    if not _deleted_at_provider(resource_id, provider_name, sandbox_id, run_id):
         return False
     if get_engine().dialect.name == "postgresql":
         with autocommit() as conn:
@@ -66,6 +61,20 @@ def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_i
     return True
 
 
+def _deleted_at_provider(resource_id: str, provider_name: str, sandbox_id: str,
+                         run_id: str) -> bool:
+    try:
+        provider(provider_name).delete(sandbox_id)
+    except (PlayrunError, OSError) as exc:
+        log.warning("sandbox %s of run %s not deleted yet: %s", sandbox_id, run_id, exc)
+        with session_scope() as session:
+            session.execute(sa.update(RuntimeResource).where(
+                RuntimeResource.id == resource_id).values(last_error=str(exc)[:2000],
+                                                          updated_at=db_now()))
+        return False
+    return True
+
+
 _UNDELETED = (
     sa.select(RuntimeResource.id, RuntimeResource.provider, RuntimeResource.sandbox_id)
     .where(RuntimeResource.run_id == sa.bindparam("run"),
@@ -75,15 +84,32 @@ _UNDELETED = (
 )
 
 
-def release_sandboxes(run_id: str, generation: int, token: str) -> int:
-    """Delete every sandbox this holder still has; returns how many are left undeleted."""
+@dataclass(frozen=True)
+class Released:
+    left: int  # sandboxes not deleted yet
+    leases_released: bool = False  # with_leases, and done with the last mark: nothing left
+
+
+def release_sandboxes(run_id: str, generation: int, token: str, *,
+                      with_leases: bool = False) -> Released:
+    """Delete every sandbox this holder still has. `with_leases`: on PostgreSQL, a lone
+    sandbox's mark also releases the holder's leases unless it holds receipts
+    (after_delete.py), one statement where there were three."""
     # A plain read in autocommit: one round trip on PostgreSQL, no BEGIN or COMMIT. (On
     # SQLite it stays a write-locked read, as it was: the deletes follow.)
     with autocommit() as conn:
         rows = conn.execute(_UNDELETED, {"run": run_id, "gen": generation,
                                          "token": token}).all()
+    if with_leases and len(rows) == 1 and get_engine().dialect.name == "postgresql":
+        rid, prov, sid = rows[0]
+        if not _deleted_at_provider(rid, prov, sid, run_id):
+            return Released(1)
+        with autocommit() as conn:
+            after = mark_and_release(conn, run_id=run_id, generation=generation, token=token,
+                                     resource_id=rid, sandbox_id=sid)
+        return Released(0, leases_released=not after.receipts_held)
     left = 0
     for rid, prov, sid in rows:
         if not delete_resource(rid, prov, sid, run_id, generation):
             left += 1
-    return left
+    return Released(left)

@@ -32,12 +32,13 @@ from tasks.acquisition.sandbox import note_requested, record_live
 from tasks.constants import FAILED, SUCCEEDED
 from tasks.db import session_scope
 from tasks.errors import FenceLostError
+from tasks.execution.launch import record_launch
 from tasks.fence import Fence, hold, renew
 from tasks.maintenance.reaper import _adopt
 from tasks.sandbox import SandboxRef
 from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
-from tasks.settlement.terminal import settle, settle_unattended
+from tasks.settlement.terminal import settle, settle_launch, settle_unattended
 from tests.support import (
     ORG_PREFIX,
     TERMINAL_EVENTS,
@@ -45,9 +46,11 @@ from tests.support import (
     close_open_runs,
     event_kinds,
     is_current,
+    launched,
     must_claim,
     new_run,
     outcome_of,
+    reserve,
     snapshot,
     supersede,
     wait_lease_expired,
@@ -296,6 +299,13 @@ def test_a_stale_fence_cannot_write(pg_url: str, kind: str) -> None:
     assert {k: v for k, v in after.items() if k != "resources"} == \
         {k: v for k, v in before.items() if k != "resources"}
     assert "sandbox.live" not in event_kinds(run_id)
+    # The same through the launch record (one statement on PostgreSQL when it can write).
+    late = SandboxRef("local", f"lsb-{uuid.uuid4().hex[:16]}", {}, time.time())
+    with pytest.raises(FenceLostError):
+        record_launch(stale, get_settings(), late)
+    assert sorted(snapshot(run_id)["resources"]) == sorted(
+        [(ghost.sandbox_id, "cleanup"), (late.sandbox_id, "cleanup")])
+    assert "sandbox.live" not in event_kinds(run_id)
 
     if current is not None:
         # The real holder still writes: the fence is selective, not broken.
@@ -361,3 +371,55 @@ def test_first_terminal_write_wins_under_concurrency(pg_url: str) -> None:
     assert settle_unattended(run_id, Outcome("cancelled", "CANCELLED", "late")).outcome == \
         Outcome(*winning)
     assert snapshot(run_id) == before
+
+
+def test_first_pushed_terminal_wins_under_concurrency(pg_url: str) -> None:
+    """16 threads, each on its own connection, push 16 different terminals for one launch
+    (the gateway's path): one wins, every loser is told that outcome, one terminal event."""
+    fence, _ = launched()
+    n = 16
+    barrier = threading.Barrier(n)
+
+    def one(outcome: Outcome) -> tuple[bool, Outcome]:
+        barrier.wait(timeout=60)
+        settled = settle_launch(fence, outcome)
+        return settled.won, settled.outcome
+
+    pushed = [Outcome(SUCCEEDED, output={"writer": i}) if i % 2
+              else Outcome(FAILED, "PLAY_ERROR", f"writer {i} failed") for i in range(n)]
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(one, pushed))
+    winners = [r for r in results if r[0]]
+    assert len(winners) == 1, winners
+    assert all(r[1] == winners[0][1] for r in results), "a loser was told a different outcome"
+    assert outcome_of(fence.run_id) == winners[0][1]
+    assert sum(k in TERMINAL_EVENTS for k in event_kinds(fence.run_id)) == 1
+
+
+def test_one_launch_record_wins_among_racing_reports(pg_url: str) -> None:
+    """12 threads report 12 different sandboxes for one attempt and its one reservation:
+    one is live with the lease, the rest are kept for cleanup, one sandbox.live event."""
+    org = f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
+    fence = must_claim(new_run(org))
+    lease_id = reserve(fence, org)
+    n = 12
+    barrier = threading.Barrier(n)
+    refs = [SandboxRef("fake", f"fsb-{uuid.uuid4().hex[:12]}", {}, time.time())
+            for _ in range(n)]
+
+    def one(ref: SandboxRef) -> bool:
+        barrier.wait(timeout=60)
+        try:
+            return record_launch(fence, get_settings(), ref, lease_id) is not None
+        except FenceLostError:
+            return False
+
+    with ThreadPoolExecutor(n) as pool:
+        won = list(pool.map(one, refs))
+    assert won.count(True) == 1
+    winner = refs[won.index(True)].sandbox_id
+    after = snapshot(fence.run_id)
+    assert sorted(state for _, state in after["resources"]) == ["cleanup"] * (n - 1) + ["live"]
+    assert dict(after["resources"])[winner] == "live"
+    assert after["leases"] == [(lease_id, "live", winner)]
+    assert event_kinds(fence.run_id).count("sandbox.live") == 1

@@ -166,7 +166,8 @@ class LocalProvider:
                 if parts[0] == sup.CONTROL_DIR:
                     raise ProviderError(f"{rel!r} is reserved for the provider")
                 target = tmp.joinpath(*parts)
-                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                if len(parts) > 1:  # top-level files (most) go straight into tmp
+                    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 target.write_bytes(content)
             if chown:  # the play's host uid owns its directory and nothing else
                 for dirpath, dirnames, filenames in os.walk(tmp):

@@ -194,7 +194,7 @@ class StubApp:
 def launched() -> tuple[LaunchFence, str]:
     """A claimed run whose sandbox is recorded live and its runner launched (no broker,
     no process): (its launch fence, its lease token)."""
-    org = f"org-{uuid.uuid4().hex[:8]}"
+    org = f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
     fence = must_claim(new_run(org), "t")
     sandbox = SandboxRef("fake", f"fsb-{uuid.uuid4().hex[:12]}", {"playrun": "1"}, time.time())
     mark = record_launch(fence, get_settings(), sandbox, reserve(fence, org))

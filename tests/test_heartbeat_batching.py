@@ -17,7 +17,13 @@ from tasks.execution.launch import mark_launching
 from tasks.fence import LaunchFence
 from tasks.gateway.beats import BeatAnswer, BeatBatcher
 from tasks.settings import get_settings
-from tests.support import must_claim, new_run
+from tests.support import ORG_PREFIX, close_open_runs, must_claim, new_run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_open_runs_left(pg_url: str) -> Iterator[None]:
+    yield
+    close_open_runs(ORG_PREFIX)  # no later module's reaper adopts what these left open
 
 
 def launched(n: int) -> list[LaunchFence]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -17,11 +18,17 @@ from tasks.execution.launch import record_launch
 from tasks.fence import Fence
 from tasks.sandbox import SandboxRef
 from tasks.settings import get_settings
-from tests.support import event_kinds, must_claim, new_run, reserve
+from tests.support import ORG_PREFIX, close_open_runs, event_kinds, must_claim, new_run, reserve
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_open_runs_left(pg_url: str) -> Iterator[None]:
+    yield
+    close_open_runs(ORG_PREFIX)  # no later module's reaper adopts what these left open
 
 
 def claimed() -> tuple[Fence, str]:
-    org = f"org-{uuid.uuid4().hex[:8]}"
+    org = f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
     fence = must_claim(new_run(org), "t")
     return fence, reserve(fence, org)
 

@@ -64,6 +64,8 @@ def stack(pg_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
                      PLAYRUN_METRICS_DIR=str(tmp_path / "metrics"))
     script = FakeScript(SANDBOX_ROOT)
     script.reset()
+    # Runs earlier modules left open would be this beat's to reap, and its counters'.
+    close_open_runs("")
     for key in redis.Redis.from_url(TEST_REDIS_URL).scan_iter(match="playrun:startrate:*"):
         redis.Redis.from_url(TEST_REDIS_URL).delete(key)
     gateway = Gateway(env)

@@ -5,7 +5,9 @@ order, however often the release is delivered."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
+import pytest
 import sqlalchemy as sa
 
 from models import CapacityLease, RuntimeResource, WorkReceipt
@@ -14,7 +16,13 @@ from tasks.fence import LaunchFence
 from tasks.release.attempt import release_attempt
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
-from tests.support import event_kinds, launched
+from tests.support import ORG_PREFIX, close_open_runs, event_kinds, launched
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_open_runs_left(pg_url: str) -> Iterator[None]:
+    yield
+    close_open_runs(ORG_PREFIX)  # no later module's reaper adopts what these left open
 
 
 def states(run_id: str) -> tuple[list[str], list[str], list[str]]:

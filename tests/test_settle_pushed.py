@@ -5,6 +5,7 @@ launch no longer current, an output the database refuses)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -16,7 +17,13 @@ from tasks.errors import FenceLostError
 from tasks.fence import LaunchFence
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
-from tests.support import launched
+from tests.support import ORG_PREFIX, close_open_runs, launched
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_open_runs_left(pg_url: str) -> Iterator[None]:
+    yield
+    close_open_runs(ORG_PREFIX)  # no later module's reaper adopts what these left open
 
 
 def ledger_of(run_id: str) -> list[tuple[str, dict[str, object]]]:

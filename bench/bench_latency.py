@@ -69,9 +69,8 @@ BARE_PARTS: list[list[float]] = [[], [], []]
 STAGES = (
     ("submit committed -> attempt opened", "relay, broker, worker pick-up, claim"),
     ("attempt opened -> sandbox requested", "traffic policy, start permit, capacity"),
-    ("sandbox requested -> sandbox live", "provider create, fenced record"),
-    ("sandbox live -> launch recorded", "fenced launch record, tokens"),
-    ("launch recorded -> terminal settled", "exec, runner, heartbeat, push, settle"),
+    ("sandbox requested -> launch recorded", "provider create, fenced launch record"),
+    ("launch recorded -> terminal settled", "tokens, exec, runner, heartbeat, push, settle"),
     ("terminal settled -> wait() returned", "notification to the waiting caller"),
 )
 
@@ -93,8 +92,9 @@ def stages(done: list[tuple[str, float]]) -> list[list[float]]:
             launched = session.scalar(sa.select(Attempt.runner_started_at)
                                       .where(Attempt.run_id == run_id))
             finished = session.scalar(sa.select(Run.finished_at).where(Run.id == run_id))
+            # sandbox.live and the launch are one statement on PostgreSQL: one stage.
             marks = [at["run.admitted"], at["attempt.started"], at["sandbox.requested"],
-                     at["sandbox.live"], launched, finished]
+                     launched, finished]
             for k in range(len(marks) - 1):
                 out[k].append((marks[k + 1] - marks[k]).total_seconds())
             out[-1].append(returned_at - finished.timestamp())

@@ -35,7 +35,7 @@ class Run(Base):
     )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
-    org_id: Mapped[str] = mapped_column(sa.String(128), index=True)
+    org_id: Mapped[str] = mapped_column(sa.String(128))
     play_path: Mapped[str] = mapped_column(sa.String(1024))
     play_digest: Mapped[str] = mapped_column(sa.ForeignKey("play_bundles.digest"))
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(256))
@@ -49,7 +49,7 @@ class Run(Base):
     # Bounded deferral of pre-code failures (SPEC 4.6).
     deferral_count: Mapped[int] = mapped_column(sa.Integer, default=0)
     deferral_total_ms: Mapped[int] = mapped_column(sa.BigInteger, default=0)
-    deferred_until: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    deferred_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_deferral_cause: Mapped[str | None] = mapped_column(sa.String(64))
     # Passes of maintenance that failed unexpectedly for this run; bounded (see trouble.py).
     trouble_count: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
@@ -74,9 +74,9 @@ class Attempt(Base):
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
     generation: Mapped[int] = mapped_column(sa.Integer)
     lease_token: Mapped[str] = mapped_column(sa.String(64))
-    lease_expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    lease_expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     worker_id: Mapped[str | None] = mapped_column(sa.String(256))
-    state: Mapped[str] = mapped_column(sa.String(16), index=True)
+    state: Mapped[str] = mapped_column(sa.String(16))
     provider: Mapped[str | None] = mapped_column(sa.String(64))
     sandbox_id: Mapped[str | None] = mapped_column(sa.String(256))
     # The detached runner's suspension: when it was launched and when it must be done.
@@ -140,10 +140,10 @@ class Outbox(Base):
     )
 
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
-    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
     task_name: Mapped[str] = mapped_column(sa.String(128))
     args: Mapped[Any] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     available_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
-    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     publish_count: Mapped[int] = mapped_column(sa.Integer, default=0)

@@ -107,7 +107,7 @@ RUNNER_STEPS_FILE: Final = "playrun_steps.py"
 RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 
 # The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0008"
+SCHEMA_REVISION: Final = "0009"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"

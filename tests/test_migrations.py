@@ -96,12 +96,39 @@ def test_0006_adds_and_drops_the_scale_indexes(which: str, request: pytest.Fixtu
     assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
     db.upgrade(url, "0006")
     assert _indexes(url) == SCALE_INDEXES
-    # What the models have beyond 0006 is exactly 0007's listing indexes.
+    # What the models have beyond 0006 is exactly 0007's listing indexes, less 0009's six.
     assert {(d[0], d[1].name) for d in _diff(url)} == {  # type: ignore[index, attr-defined]
-        ("add_index", "ix_runs_created_id"), ("add_index", "ix_runs_org_created_id")}
+        ("add_index", "ix_runs_created_id"), ("add_index", "ix_runs_org_created_id"),
+        *(("remove_index", name) for names in UNWRITTEN.values() for name in names)}
     db.downgrade(url, "0005")
     assert db.current_revision(url) == "0005"
     assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
+
+
+# Indexes no query needed, dropped by 0009: fewer to write per admission and status change.
+UNWRITTEN = {"runs": {"ix_runs_org_id", "ix_runs_deferred_until"},
+             "outbox": {"ix_outbox_run_id", "ix_outbox_sent_at"},
+             "attempts": {"ix_attempts_lease_expires_at", "ix_attempts_state"}}
+
+
+@pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
+def test_0009_drops_the_unread_indexes_and_its_downgrade_restores_them(
+        which: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(which)
+
+    def present() -> dict[str, set[str]]:
+        db.dispose_engines()
+        inspector = sa.inspect(db.get_engine(url))
+        return {t: {str(ix["name"]) for ix in inspector.get_indexes(t)} & names
+                for t, names in UNWRITTEN.items()}
+
+    db.upgrade(url, "0008")
+    assert present() == UNWRITTEN
+    db.upgrade(url, "0009")
+    assert present() == {t: set() for t in UNWRITTEN}
+    assert _diff(url) == []
+    db.downgrade(url, "0008")
+    assert present() == UNWRITTEN
 
 
 def test_0006_indexes_are_partial_on_postgres(empty_pg: str) -> None:

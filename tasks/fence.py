@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
-from tasks.db import ASYNC_COMMIT_SQL, autocommit
+from tasks.db import ASYNC_COMMIT_SQL, autocommit, sql_list
 from tasks.errors import FenceLostError
 
 
@@ -151,7 +151,7 @@ def held_sql(columns: str = "r.id", join: str = "", lock: str = "r, a") -> str:
     JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation {join}
     WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.lease_token = %(token)s
       AND a.state = '{ATTEMPT_ACTIVE}' AND a.lease_expires_at > clock_timestamp()
-      AND r.status NOT IN ({", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))})
+      AND r.status NOT IN ({sql_list(TERMINAL_STATUSES)})
     FOR UPDATE OF {lock}
 """
 

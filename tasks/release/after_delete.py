@@ -8,7 +8,6 @@ and the next run of the org never meets a receipt still held by this one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -21,11 +20,7 @@ from tasks.constants import (
     RECEIPT_HELD,
     RESOURCE_DELETED,
 )
-
-
-def _quoted(values: Iterable[str]) -> str:
-    return ", ".join(f"'{v}'" for v in sorted(values))
-
+from tasks.db import sql_list
 
 # The run row is locked first, as every writer does (both updates join it). The events go
 # in by one INSERT in release order: rows inserted by separate CTEs have no defined order.
@@ -36,7 +31,7 @@ WITH run AS (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM work_receipts
         WHERE owner_run_id = %(run)s AND owner_generation = %(gen)s
-          AND status IN ({_quoted(RECEIPT_HELD)})
+          AND status IN ({sql_list(RECEIPT_HELD)})
         LIMIT 1) held
 ), gone AS (
     UPDATE runtime_resources AS r SET state = '{RESOURCE_DELETED}',
@@ -49,7 +44,7 @@ WITH run AS (
         released_at = clock_timestamp()
     FROM run, receipts
     WHERE receipts.n = 0 AND l.run_id = run.id AND l.generation = %(gen)s
-      AND l.state IN ({_quoted(LEASE_HELD)}) AND l.holder_token = %(token)s
+      AND l.state IN ({sql_list(LEASE_HELD)}) AND l.holder_token = %(token)s
     RETURNING l.id
 ), events AS (
     INSERT INTO run_events (run_id, generation, kind, data)

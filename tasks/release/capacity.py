@@ -9,7 +9,7 @@ from tasks import ledger
 from tasks.constants import EV_CAPACITY_RELEASED
 from tasks.constants import LEASE_HELD as HELD
 from tasks.constants import LEASE_RELEASED as RELEASED
-from tasks.db import autocommit, get_engine, session_scope
+from tasks.db import autocommit, get_engine, session_scope, sql_list
 from tasks.fence import lock_run
 
 # One statement, so in autocommit it is one transaction and one round trip. The run row
@@ -22,7 +22,7 @@ WITH run AS (
     UPDATE capacity_leases AS l SET state = '{RELEASED}', released_at = clock_timestamp()
     FROM run
     WHERE l.run_id = run.id AND l.generation = %(gen)s
-      AND l.state IN ({", ".join(f"'{s}'" for s in HELD)})
+      AND l.state IN ({sql_list(HELD)})
       AND (%(token)s::varchar IS NULL OR l.holder_token = %(token)s::varchar)
     RETURNING l.id
 ), events AS (

@@ -21,6 +21,7 @@ from tasks.constants import (
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
 )
+from tasks.db import sql_list
 from tasks.fence import LaunchFence
 from tasks.settlement.outcome import Outcome
 
@@ -34,7 +35,7 @@ WITH held AS (
     JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation
     WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.launch_id = %(launch)s
       AND a.state = '{ATTEMPT_ACTIVE}' AND r.cancel_requested_at IS NULL
-      AND r.status NOT IN ({", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))})
+      AND r.status NOT IN ({sql_list(TERMINAL_STATUSES)})
     FOR UPDATE OF r, a
 ), ended AS (
     UPDATE attempts a SET state = '{ATTEMPT_ENDED}', end_reason = %(reason)s,

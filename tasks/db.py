@@ -172,10 +172,6 @@ def is_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
-def is_postgres_url(url: str | None = None) -> bool:
-    return get_engine(url).dialect.name == "postgresql"
-
-
 def sql_list(values: Iterable[str]) -> str:
     """Our own constants (states, kinds) as an SQL list of literals, in a stable order."""
     return ", ".join(f"'{v}'" for v in sorted(values))

@@ -20,10 +20,11 @@ from tasks.constants import (
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
 )
-from tasks.db import after_commit, autocommit, is_postgres_url, session_scope
+from tasks.db import after_commit, autocommit, session_scope
 from tasks.errors import FenceLostError
 from tasks.fence import Fence, LaunchFence, hold, hold_launch, lock_run
 from tasks.notify import run_settled
+from tasks.settings import get_settings
 from tasks.settlement import pushed
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 
@@ -128,7 +129,7 @@ def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
     the cancel deletes the sandbox first and then writes `cancelled` (SPEC 4.10)."""
 
     def write(chosen: Outcome) -> Settled:
-        if is_postgres_url():
+        if get_settings().is_postgres:
             with autocommit() as conn:  # the common case, in one statement
                 done = pushed.settle(conn, fence, chosen, PUSHED_REASON)
             if done is not None:

@@ -14,6 +14,8 @@ from tasks.settings import get_settings
 _settings = get_settings()
 
 broker_url = _settings.redis_url
+if broker_url.startswith(("redis://", "rediss://")):  # not sentinel:// or another broker
+    broker_transport = "tasks.broker_transport:Transport"
 result_backend = _settings.redis_url
 
 # Ack after the task finishes, so a task whose worker dies is delivered again;
@@ -39,9 +41,11 @@ result_backend_transport_options = {"visibility_timeout": _settings.visibility_t
 # redelivered anyway, and finishing them would ack nothing.
 worker_cancel_long_running_tasks_on_connection_loss = True
 broker_connection_retry_on_startup = True
-# Flower needs task events from workers. (No task-sent events: they would cost app code
-# a second broker publish per submit, and Flower sees tasks once a worker receives them.)
-worker_send_task_events = True
+# Task events stay off unless something watches: Flower turns them on in every worker every
+# few seconds (its --enable_events, the default), and `worker -E` turns them on for good.
+# Always on, they were three broker publishes per task, about 40% of a worker's main
+# process. (No task-sent events either: a second publish per submit.)
+worker_send_task_events = False
 # JSON only: no pickles from the broker.
 task_serializer = "json"
 result_serializer = "json"

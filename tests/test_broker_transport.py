@@ -1,0 +1,41 @@
+"""The Redis transport playrun's workers use: kombu's, with one command client per pool."""
+
+from __future__ import annotations
+
+import uuid
+
+from tasks.app import app
+from tasks.broker_transport import Channel, Transport
+
+
+def test_the_app_uses_it_and_a_channel_keeps_one_client_per_pool() -> None:
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.transport, Transport)
+        channel = conn.default_channel
+        assert isinstance(channel, Channel)
+        first = channel._create_client()
+        assert channel._create_client() is first
+        key = "playrun-test-transport-" + uuid.uuid4().hex
+        first.set(key, "1", ex=60)
+        channel._disconnect_pools()  # as after a fork or a lost connection
+        second = channel._create_client()
+        assert second is not first and second.connection_pool is channel.pool
+        assert second.get(key) == b"1"
+        assert channel._create_client(asynchronous=True) is not second
+
+
+def test_a_message_round_trips_and_its_ack_clears_the_unacked_record() -> None:
+    queue = "playrun-test-transport-" + uuid.uuid4().hex
+    with app.connection_for_write() as conn:
+        q = conn.SimpleQueue(queue)
+        try:
+            q.put({"n": 1})
+            message = q.get(timeout=5)
+            assert message.payload == {"n": 1}
+            client = conn.default_channel._create_client()
+            unacked = conn.default_channel.unacked_key
+            assert client.hexists(unacked, message.delivery_tag)
+            message.ack()
+            assert not client.hexists(unacked, message.delivery_tag)
+        finally:
+            q.close()

@@ -4,7 +4,9 @@ we measure the enqueue side):
 - tasks.submit_runs (batches of 100) against plain Celery .delay() of a no-op task;
 - tasks.submit_run (one run) against a bare single-row INSERT + COMMIT loop on the same
   database: the durable limit, one fsync per row;
-- tasks.submit_run with an idempotency key already used (a lookup, nothing written).
+- tasks.submit_run with an idempotency key already used (a lookup, nothing written);
+- submit_run's one statement alone, sent by psycopg in autocommit (no validation, no
+  SQLAlchemy, no publish): the floor of submit_run on this database and disk.
 
 The measurements are interleaved in rounds so that each sees the same machine noise
 (the host is shared); the ratios are of totals over all rounds, and the range is the
@@ -16,9 +18,11 @@ spread of the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,6 +82,25 @@ def main() -> None:
                 tasks.submit_run(PLAY, input={"i": i}, org_id="bench",
                                  idempotency_key=f"s{counter[0]}")
 
+        import psycopg
+
+        from tasks.admission import rows as admission_rows
+        from tasks.admission.validate import load_play
+
+        play = load_play(PLAY)  # its bundle is stored by the warm-up below
+        event = json.dumps({"play_digest": play.digest, "idempotency_key": None,
+                            "play_path": play.path})
+        raw = psycopg.connect(env["PLAYRUN_DATABASE_URL"].replace("+psycopg", ""),
+                              autocommit=True)
+
+        def statement(k: int) -> None:
+            for i in range(k):
+                raw.execute(admission_rows._PG_ONE[False], {
+                    "id": uuid.uuid4().hex, "org": "bench", "path": play.path,
+                    "digest": play.digest, "key": None, "input": f'{{"i": {i}}}',
+                    "event": event, "outbox": str(uuid.uuid4()),
+                    "handed_off": True})
+
         def repeat(k: int) -> None:
             for i in range(k):
                 tasks.submit_run(PLAY, input={"i": i}, org_id="bench", idempotency_key="s1")
@@ -86,6 +109,7 @@ def main() -> None:
             "plain Celery noop.delay()": delay, "tasks.submit_runs, per run": batches,
             "bare INSERT + COMMIT": bare, "tasks.submit_run (new run)": single,
             "tasks.submit_run (idempotent repeat)": repeat,
+            "its statement alone (psycopg)": statement,
         }
         for fn in what.values():  # connect and warm every path
             fn(BATCH)
@@ -98,6 +122,7 @@ def main() -> None:
                 spent[name].append(time.perf_counter() - t)
             loads.append(os.getloadavg()[0])
         bare_conn.close()
+        raw.close()
 
         def rate(name: str) -> float:
             return per_round * args.rounds / sum(spent[name])
@@ -114,7 +139,8 @@ def main() -> None:
                                                       "plain Celery noop.delay()"),
                 ("bare INSERT + COMMIT", None), ("tasks.submit_run (new run)",
                                                  "bare INSERT + COMMIT"),
-                ("tasks.submit_run (idempotent repeat)", "bare INSERT + COMMIT")]
+                ("tasks.submit_run (idempotent repeat)", "bare INSERT + COMMIT"),
+                ("its statement alone (psycopg)", "bare INSERT + COMMIT")]
         for name, base in rows:
             text = ratio(name, base) if base else f"{'1.00':>7}"
             print(f"{name:40} {rate(name):11.0f}  {text:<24} {base or '-'}")

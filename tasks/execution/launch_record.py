@@ -12,9 +12,8 @@ import enum
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-import psycopg
+import sqlalchemy as sa
 
 from models import new_id
 from tasks.constants import (
@@ -24,7 +23,6 @@ from tasks.constants import (
     LEASE_RESERVED,
     RESOURCE_LIVE,
 )
-from tasks.db import one_row
 from tasks.fence import Fence, fence_params, held_sql
 from tasks.sandbox import SandboxRef
 
@@ -92,10 +90,10 @@ class FastRecord:
     db_time: float = 0.0  # epoch seconds by the database clock
 
 
-def record(cur: psycopg.Cursor[Any], fence: Fence, sandbox: SandboxRef, lease_id: str | None,
+def record(conn: sa.Connection, fence: Fence, sandbox: SandboxRef, lease_id: str | None,
            *, launch_id: str, host_queue: str | None, deadline_s: float,
            lease_s: float) -> FastRecord:
-    """Run the statement on an autocommit cursor (one statement: one transaction)."""
+    """Run the statement on an autocommit connection (one statement: one transaction)."""
     params = {
         **fence_params(fence), "lease": lease_id, "resource": new_id(),
         "provider": sandbox.provider, "sandbox": sandbox.sandbox_id,
@@ -105,8 +103,8 @@ def record(cur: psycopg.Cursor[Any], fence: Fence, sandbox: SandboxRef, lease_id
         "host_queue": host_queue, "launch": launch_id, "deadline_s": float(deadline_s),
         "lease_s": float(lease_s),
     }
-    cur.execute(_STATEMENTS[lease_id is not None], params)
-    live, marked, created_at, now = one_row(cur)
+    live, marked, created_at, now = conn.exec_driver_sql(
+        _STATEMENTS[lease_id is not None], params).one()
     if not live:
         return FastRecord(Recorded.MISSED)
     if not marked:

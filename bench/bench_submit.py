@@ -18,7 +18,6 @@ spread of the per-round ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -88,8 +87,8 @@ def main() -> None:
         from tasks.admission.validate import load_play
 
         play = load_play(PLAY)  # its bundle is stored by the warm-up below
-        event = json.dumps({"play_digest": play.digest, "idempotency_key": None,
-                            "play_path": play.path})
+        event = admission_rows._dumps(admission_rows._event_data(
+            admission_rows.NewRun("bench", None, None, play)))  # the event admission writes
         raw = psycopg.connect(env["PLAYRUN_DATABASE_URL"].replace("+psycopg", ""),
                               autocommit=True)
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
-from tasks.db import ASYNC_COMMIT_SQL, autocommit, sql_list
+from tasks.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
 from tasks.errors import FenceLostError
 
 
@@ -177,7 +177,7 @@ RETURNING id
 def append_if_current(fence: Fence, kind: str, data: dict[str, Any]) -> bool:
     """PostgreSQL: append a ledger event in one round trip if the fence holds; False if it
     does not (nothing written). Elsewhere the caller uses hold() + ledger.append."""
-    with autocommit() as conn:
-        row = conn.exec_driver_sql(_APPEND_IF_CURRENT, {
-            **fence_params(fence), "kind": kind, "data": json.dumps(data)}).first()
-    return row is not None
+    with driver_cursor() as cur:
+        cur.execute(_APPEND_IF_CURRENT, {**fence_params(fence), "kind": kind,
+                                         "data": json.dumps(data)})
+        return cur.fetchone() is not None

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -132,7 +133,7 @@ def _bundles(items: Sequence[NewRun]) -> dict[str, PlaySource]:
     return {item.play.digest: item.play for item in items}
 
 
-def _write_pg(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
+def _write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], ids: list[str],
               outbox_ids: list[str], handed_off: bool, known: AbstractSet[str]) -> set[str]:
     bundles = [b for b in _bundles(items).values() if b.digest not in known]
     if len(items) == 1:
@@ -146,8 +147,8 @@ def _write_pg(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
         if bundles:
             params.update(b_digest=item.play.digest, b_source=item.play.source,
                           b_size=len(item.play.source.encode()))
-        rows = conn.exec_driver_sql(_PG_ONE[bool(bundles)], params)
-        return {row[0] for row in rows}
+        cur.execute(_PG_ONE[bool(bundles)], params)
+        return {row[0] for row in cur.fetchall()}
     params = {
         "id": ids, "org": [i.org_id for i in items], "path": [i.play.path for i in items],
         "digest": [i.play.digest for i in items],
@@ -157,8 +158,8 @@ def _write_pg(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
         "b_digest": [b.digest for b in bundles], "b_source": [b.source for b in bundles],
         "b_size": [len(b.source.encode()) for b in bundles], "handed_off": handed_off,
     }
-    rows = conn.exec_driver_sql(_PG_WRITE, params)
-    return {row[0] for row in rows}
+    cur.execute(_PG_WRITE, params)
+    return {row[0] for row in cur.fetchall()}
 
 
 # Rows per multi-row INSERT: 10 columns each stays far below SQLite's 32766 variables.
@@ -166,8 +167,8 @@ _SQLITE_CHUNK = 500
 
 
 def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
-                  outbox_ids: list[str], handed_off: bool, known: AbstractSet[str]) -> set[str]:
-    del known  # every bundle: a local INSERT in the same transaction, nothing to save
+                  outbox_ids: list[str], handed_off: bool) -> set[str]:
+    # Every bundle: a local INSERT in the same transaction, nothing to save.
     conn.execute(sqlite_insert(PlayBundle).on_conflict_do_nothing(index_elements=["digest"]),
                     [{"digest": b.digest, "source": b.source, "size": len(b.source.encode())}
                      for b in _bundles(items).values()])
@@ -197,23 +198,46 @@ def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
     return inserted
 
 
-def _existing(conn: sa.Connection, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def _existing_pg(cur: psycopg.Cursor[Any],
+                 pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
     if not pairs:
         return {}
-    if conn.dialect.name == "postgresql":
-        rows = conn.exec_driver_sql(
-            _PG_EXISTING, {"org": [o for o, _ in pairs], "key": [k for _, k in pairs]})
-    else:
-        rows = conn.execute(sa.select(Run.org_id, Run.idempotency_key, Run.id).where(
-            sa.tuple_(Run.org_id, Run.idempotency_key).in_(pairs)))
-    return {(org, key): run_id for org, key, run_id in rows}
+    cur.execute(_PG_EXISTING, {"org": [o for o, _ in pairs], "key": [k for _, k in pairs]})
+    return {(org, key): run_id for org, key, run_id in cur.fetchall()}
 
 
-def write(conn: sa.Connection, items: Sequence[NewRun], *, handed_off: bool,
-          known: AbstractSet[str] = frozenset()) -> list[Written]:
+def _existing_sqlite(conn: sa.Connection,
+                     pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    if not pairs:
+        return {}
+    rows = conn.execute(sa.select(Run.org_id, Run.idempotency_key, Run.id).where(
+        sa.tuple_(Run.org_id, Run.idempotency_key).in_(pairs)))
+    return {(org, str(key)): run_id for org, key, run_id in rows}
+
+
+# (ordered items, run ids, outbox ids) -> the run ids inserted; (org, key) pairs -> runs.
+_Insert = Callable[[list[NewRun], list[str], list[str]], set[str]]
+_Existing = Callable[[list[tuple[str, str]]], dict[tuple[str, str], str]]
+
+
+def write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], *, handed_off: bool,
+             known: AbstractSet[str] = frozenset()) -> list[Written]:
+    """`write` on PostgreSQL, on a cursor in autocommit (tasks.db.driver_cursor): one
+    statement, one transaction. `known`: digests of bundles committed in this database
+    already (not sent again)."""
+    return _write(items, lambda o, i, b: _write_pg(cur, o, i, b, handed_off, known),
+                  lambda pairs: _existing_pg(cur, pairs))
+
+
+def write_sqlite(conn: sa.Connection, items: Sequence[NewRun], *,
+                 handed_off: bool) -> list[Written]:
+    """`write` on SQLite, in the caller's BEGIN IMMEDIATE transaction."""
+    return _write(items, lambda o, i, b: _write_sqlite(conn, o, i, b, handed_off),
+                  lambda pairs: _existing_sqlite(conn, pairs))
+
+
+def _write(items: Sequence[NewRun], insert: _Insert, existing: _Existing) -> list[Written]:
     """Insert every run whose key is new; the others come back as created=False.
-
-    `known`: digests of bundles committed in this database already (not sent again).
 
     Items are written in (org, key) order so two batches that share keys take the
     unique-index locks in one order and never deadlock.
@@ -223,12 +247,11 @@ def write(conn: sa.Connection, items: Sequence[NewRun], *, handed_off: bool,
     ordered = [items[i] for i in order]
     ids = [new_id() for _ in ordered]
     outbox_ids = [str(uuid.uuid4()) for _ in ordered]
-    writer = _write_pg if conn.dialect.name == "postgresql" else _write_sqlite
-    inserted = writer(conn, ordered, ids, outbox_ids, handed_off, known)
+    inserted = insert(ordered, ids, outbox_ids)
     missing = [(item.org_id, item.idempotency_key) for item, run_id in zip(ordered, ids,
                                                                             strict=True)
                if run_id not in inserted and item.idempotency_key is not None]
-    earlier = _existing(conn, missing)
+    earlier = existing(missing)
     out: list[Written | None] = [None] * len(items)
     for pos, item, run_id, outbox_id in zip(order, ordered, ids, outbox_ids, strict=True):
         if run_id in inserted:

@@ -25,7 +25,7 @@ from tasks.admission import rows
 from tasks.admission.validate import PlaySource, check_input, load_play
 from tasks.checks import check_idempotency_key, check_org_id
 from tasks.constants import MAX_SUBMIT_BATCH, TASK_START_ATTEMPT
-from tasks.db import autocommit, get_engine
+from tasks.db import driver_cursor, get_engine
 from tasks.errors import InputInvalidError, PlayrunError
 
 log = logging.getLogger("playrun.admission")
@@ -145,12 +145,12 @@ def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted
         # The write is one statement, so autocommit makes it one transaction and one
         # round trip (no BEGIN, no COMMIT); the lookup of earlier keys only reads.
         stored = _stored(engine)
-        with autocommit() as conn:
-            written = rows.write(conn, unique, handed_off=handed_off, known=stored)
+        with driver_cursor() as cur:
+            written = rows.write_pg(cur, unique, handed_off=handed_off, known=stored)
         _remember(stored, unique)
     else:
         with engine.begin() as conn:  # BEGIN IMMEDIATE (tasks.db): the write lock
-            written = rows.write(conn, unique, handed_off=handed_off)
+            written = rows.write_sqlite(conn, unique, handed_off=handed_off)
     seen: set[int] = set()
     out = []
     for s in slot:

@@ -22,7 +22,7 @@ from tasks import metrics
 from tasks.acquisition import capacity
 from tasks.acquisition.sandbox import record_for_cleanup, record_live_in
 from tasks.constants import RUNNER_FILE
-from tasks.db import after_commit, autocommit, session_scope
+from tasks.db import after_commit, driver_cursor, session_scope
 from tasks.errors import FenceLostError
 from tasks.execution import launch_record
 from tasks.fence import Fence, hold
@@ -100,9 +100,9 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
 def _record_fast(fence: Fence, settings: Settings, sandbox: SandboxRef, lease_id: str | None,
                  launch_id: str) -> tuple[bool, LaunchMark | None]:
     """(False, None) when the statement wrote nothing: the general transaction decides."""
-    with autocommit() as conn:
+    with driver_cursor() as cur:
         done = launch_record.record(
-            conn, fence, sandbox, lease_id, launch_id=launch_id,
+            cur, fence, sandbox, lease_id, launch_id=launch_id,
             host_queue=host_queue(sandbox.provider), deadline_s=_deadline_s(settings),
             lease_s=_first_lease_s(settings))
     if done.outcome is launch_record.Recorded.MISSED:

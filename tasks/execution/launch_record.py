@@ -12,8 +12,9 @@ import enum
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-import sqlalchemy as sa
+import psycopg
 
 from models import new_id
 from tasks.constants import (
@@ -23,6 +24,7 @@ from tasks.constants import (
     LEASE_RESERVED,
     RESOURCE_LIVE,
 )
+from tasks.db import one_row
 from tasks.fence import Fence, fence_params, held_sql
 from tasks.sandbox import SandboxRef
 
@@ -90,10 +92,10 @@ class FastRecord:
     db_time: float = 0.0  # epoch seconds by the database clock
 
 
-def record(conn: sa.Connection, fence: Fence, sandbox: SandboxRef, lease_id: str | None,
+def record(cur: psycopg.Cursor[Any], fence: Fence, sandbox: SandboxRef, lease_id: str | None,
            *, launch_id: str, host_queue: str | None, deadline_s: float,
            lease_s: float) -> FastRecord:
-    """Run the statement on an autocommit connection (one statement: one transaction)."""
+    """Run the statement on an autocommit cursor (one statement: one transaction)."""
     params = {
         **fence_params(fence), "lease": lease_id, "resource": new_id(),
         "provider": sandbox.provider, "sandbox": sandbox.sandbox_id,
@@ -103,8 +105,8 @@ def record(conn: sa.Connection, fence: Fence, sandbox: SandboxRef, lease_id: str
         "host_queue": host_queue, "launch": launch_id, "deadline_s": float(deadline_s),
         "lease_s": float(lease_s),
     }
-    live, marked, created_at, now = conn.exec_driver_sql(
-        _STATEMENTS[lease_id is not None], params).one()
+    cur.execute(_STATEMENTS[lease_id is not None], params)
+    live, marked, created_at, now = one_row(cur)
     if not live:
         return FastRecord(Recorded.MISSED)
     if not marked:

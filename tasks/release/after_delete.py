@@ -9,8 +9,9 @@ and the next run of the org never meets a receipt still held by this one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-import sqlalchemy as sa
+import psycopg
 
 from tasks.constants import (
     EV_CAPACITY_RELEASED,
@@ -20,7 +21,7 @@ from tasks.constants import (
     RECEIPT_HELD,
     RESOURCE_DELETED,
 )
-from tasks.db import sql_list
+from tasks.db import one_row, sql_list
 
 # The run row is locked first, as every writer does (both updates join it). The events go
 # in by one INSERT in release order: rows inserted by separate CTEs have no defined order.
@@ -65,10 +66,10 @@ class AfterDelete:
     leases_released: int
 
 
-def mark_and_release(conn: sa.Connection, *, run_id: str, generation: int, token: str,
+def mark_and_release(cur: psycopg.Cursor[Any], *, run_id: str, generation: int, token: str,
                      resource_id: str, sandbox_id: str) -> AfterDelete:
-    """Run the statement on an autocommit connection (one statement: one transaction)."""
-    held, released = conn.exec_driver_sql(_SQL, {
-        "run": run_id, "gen": generation, "token": token, "rid": resource_id,
-        "sid": sandbox_id}).one()
+    """Run the statement on an autocommit cursor (one statement: one transaction)."""
+    cur.execute(_SQL, {"run": run_id, "gen": generation, "token": token, "rid": resource_id,
+                       "sid": sandbox_id})
+    held, released = one_row(cur)
     return AfterDelete(bool(held), int(released))

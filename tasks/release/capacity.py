@@ -9,7 +9,7 @@ from tasks import ledger
 from tasks.constants import EV_CAPACITY_RELEASED
 from tasks.constants import LEASE_HELD as HELD
 from tasks.constants import LEASE_RELEASED as RELEASED
-from tasks.db import autocommit, get_engine, session_scope, sql_list
+from tasks.db import driver_cursor, get_engine, session_scope, sql_list
 from tasks.fence import lock_run
 
 # One statement, so in autocommit it is one transaction and one round trip. The run row
@@ -38,9 +38,9 @@ def release_lease(run_id: str, generation: int, token: str | None = None) -> lis
     """Release what the holder with `token` (any holder if None) still holds; each
     release is recorded once."""
     if get_engine().dialect.name == "postgresql":
-        with autocommit() as conn:
-            return list(conn.exec_driver_sql(_PG_RELEASE, {
-                "run": run_id, "gen": generation, "token": token}).scalars())
+        with driver_cursor() as cur:
+            cur.execute(_PG_RELEASE, {"run": run_id, "gen": generation, "token": token})
+            return [row[0] for row in cur.fetchall()]
     with session_scope() as session:
         lock_run(session, run_id)
         cond = [CapacityLease.run_id == run_id, CapacityLease.generation == generation,

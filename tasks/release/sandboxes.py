@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from models import RuntimeResource, db_now
 from tasks import ledger
 from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_DELETED
-from tasks.db import ASYNC_COMMIT_SQL, autocommit, get_engine, session_scope
+from tasks.db import ASYNC_COMMIT_SQL, autocommit, driver_cursor, get_engine, session_scope
 from tasks.errors import PlayrunError
 from tasks.fence import lock_run
 from tasks.release.after_delete import mark_and_release
@@ -44,9 +44,9 @@ def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_i
     if not _deleted_at_provider(resource_id, provider_name, sandbox_id, run_id):
         return False
     if get_engine().dialect.name == "postgresql":
-        with autocommit() as conn:
-            conn.exec_driver_sql(_PG_MARK_DELETED, {"run": run_id, "gen": generation,
-                                                    "rid": resource_id, "sid": sandbox_id})
+        with driver_cursor() as cur:
+            cur.execute(_PG_MARK_DELETED, {"run": run_id, "gen": generation,
+                                           "rid": resource_id, "sid": sandbox_id})
         return True
     with session_scope() as session:
         lock_run(session, run_id)  # run row first, as every writer does: no deadlock
@@ -104,8 +104,8 @@ def release_sandboxes(run_id: str, generation: int, token: str, *,
         rid, prov, sid = rows[0]
         if not _deleted_at_provider(rid, prov, sid, run_id):
             return Released(1)
-        with autocommit() as conn:
-            after = mark_and_release(conn, run_id=run_id, generation=generation, token=token,
+        with driver_cursor() as cur:
+            after = mark_and_release(cur, run_id=run_id, generation=generation, token=token,
                                      resource_id=rid, sandbox_id=sid)
         return Released(0, leases_released=not after.receipts_held)
     left = 0

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-import sqlalchemy as sa
+import psycopg
 
 from tasks.constants import (
     ATTEMPT_ACTIVE,
@@ -70,14 +71,15 @@ class Written:
     created_at: datetime
 
 
-def settle(conn: sa.Connection, fence: LaunchFence, outcome: Outcome,
+def settle(cur: psycopg.Cursor[Any], fence: LaunchFence, outcome: Outcome,
            reason: str) -> Written | None:
-    """Run the statement on an autocommit connection; None if it wrote nothing."""
-    row = conn.exec_driver_sql(_SQL, {
+    """Run the statement on an autocommit cursor; None if it wrote nothing."""
+    cur.execute(_SQL, {
         "run": fence.run_id, "gen": fence.generation, "launch": fence.launch_id,
         "reason": reason, "status": outcome.status, "code": outcome.code,
         "error": outcome.error, "output": json.dumps(outcome.output),
         "kind": TERMINAL_EVENT[outcome.status],
         "data": json.dumps({"code": outcome.code, "error": outcome.error}),
-    }).first()
+    })
+    row = cur.fetchone()
     return None if row is None else Written(row[0], row[1], row[2])

@@ -20,7 +20,7 @@ from tasks.constants import (
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
 )
-from tasks.db import after_commit, autocommit, session_scope
+from tasks.db import after_commit, driver_cursor, session_scope
 from tasks.errors import FenceLostError
 from tasks.fence import Fence, LaunchFence, hold, hold_launch, lock_run
 from tasks.notify import run_settled
@@ -130,8 +130,8 @@ def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
 
     def write(chosen: Outcome) -> Settled:
         if get_settings().is_postgres:
-            with autocommit() as conn:  # the common case, in one statement
-                done = pushed.settle(conn, fence, chosen, PUSHED_REASON)
+            with driver_cursor() as cur:  # the common case, in one statement
+                done = pushed.settle(cur, fence, chosen, PUSHED_REASON)
             if done is not None:
                 metrics.run_ended(chosen.status, chosen.code, done.created_at,
                                   chosen.code == RUNTIME_RUNNER_LOST)

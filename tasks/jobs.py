@@ -30,6 +30,7 @@ from tasks.constants import (
     TASK_INSPECT_ATTEMPT,
     TASK_REAP,
     TASK_RELEASE_ATTEMPT,
+    TASK_RELEASE_ATTEMPTS,
     TASK_SANDBOX_GC,
     TASK_START_ATTEMPT,
     TASK_SWEEP_OUTBOX,
@@ -44,7 +45,7 @@ from tasks.maintenance import held
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import reap
 from tasks.maintenance.trouble import note_failure
-from tasks.release.attempt import release_attempt
+from tasks.release.attempt import release_attempt, release_attempts
 from tasks.release.finish import finish
 from tasks.release.sandboxes import release_sandboxes
 from tasks.runtime import provider
@@ -109,6 +110,13 @@ def start_attempt(self: Task, run_id: str) -> str:
 def release_attempt_task(run_id: str, generation: int, holder_token: str) -> None:
     """After a pushed terminal: the sandbox, the capacity lease (and later receipts)."""
     release_attempt(run_id, generation, holder_token)
+
+
+@app.task(name=TASK_RELEASE_ATTEMPTS, ignore_result=True)
+def release_attempts_task(holders: list[Any]) -> int:
+    """release_attempt for each [run_id, generation, token]: the gateway sends one such
+    task for the releases of one host queue that settle within a short window."""
+    return release_attempts(holders)
 
 
 def _quiet_attempt(run_id: str, generation: int, token: str) -> tuple[str | None, bool] | None:

@@ -19,6 +19,7 @@ from tasks.constants import (
     TASK_CANCEL_ATTEMPT,
     TASK_INSPECT_ATTEMPT,
     TASK_RELEASE_ATTEMPT,
+    TASK_RELEASE_ATTEMPTS,
     TASK_START_ATTEMPT,
 )
 
@@ -31,6 +32,7 @@ _SHOWN: dict[str, tuple[str | None, ...]] = {
     TASK_CANCEL_ATTEMPT: ("run_id",),
 }
 _MAX_VALUE_CHARS = 64
+_MAX_SHOWN_RUNS = 10
 
 
 def shown(task: str, args: Any) -> str:
@@ -38,12 +40,24 @@ def shown(task: str, args: Any) -> str:
     arguments it has (a task added later shows nothing it might not want shown)."""
     if not isinstance(args, (list, tuple)):
         return ""
+    if task == TASK_RELEASE_ATTEMPTS:
+        return _holders_shown(args[0] if args else None)
     names = _SHOWN.get(task)
     if names is None:
         return f"({len(args)} args)" if args else ""
     parts = [f"{name}={str(value)[:_MAX_VALUE_CHARS]}"
              for name, value in zip(names, args, strict=False) if name is not HIDDEN]
     return ", ".join(parts)
+
+
+def _holders_shown(holders: Any) -> str:
+    """release_attempts' [[run_id, generation, token], ...]: the runs, never a token."""
+    if not isinstance(holders, (list, tuple)):
+        return ""
+    runs = [str(h[0])[:_MAX_VALUE_CHARS] for h in holders[:_MAX_SHOWN_RUNS]
+            if isinstance(h, (list, tuple)) and h]
+    more = f" (+{len(holders) - _MAX_SHOWN_RUNS} more)" if len(holders) > _MAX_SHOWN_RUNS else ""
+    return f"runs={','.join(runs)}{more}"
 
 
 @before_task_publish.connect

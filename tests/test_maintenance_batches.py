@@ -43,7 +43,7 @@ def test_expired_reservations_go_a_batch_per_pass(pg_url: str) -> None:
 def test_the_sweep_publishes_a_batch_per_pass(pg_url: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[Any] = []
-    monkeypatch.setattr(relay, "send_starts", lambda _app, messages: sent.extend(messages))
+    monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: sent.extend(messages))
     runs = [new_run(ORG + uuid.uuid4().hex[:6]) for _ in range(5)]
     with session_scope() as s:  # new_run marked them sent: make them due again
         s.execute(sa.update(Outbox).where(Outbox.run_id.in_(runs)).values(sent_at=None))

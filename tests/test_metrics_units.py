@@ -19,6 +19,7 @@ from tasks.constants import (
     SUCCEEDED,
     TASK_INSPECT_ATTEMPT,
     TASK_RELEASE_ATTEMPT,
+    TASK_RELEASE_ATTEMPTS,
     TASK_START_ATTEMPT,
 )
 from tasks.db import after_commit, session_scope
@@ -133,6 +134,10 @@ def test_flower_is_shown_the_run_and_never_a_token() -> None:
     token = "tok-" + uuid.uuid4().hex
     assert shown(TASK_START_ATTEMPT, ["r1"]) == "run_id=r1"
     assert shown(TASK_RELEASE_ATTEMPT, ["r1", 2, token]) == "run_id=r1, generation=2"
+    holders = [[f"r{i}", 1, token] for i in range(12)]
+    assert shown(TASK_RELEASE_ATTEMPTS, [holders]) == (
+        "runs=" + ",".join(f"r{i}" for i in range(10)) + " (+2 more)")
+    assert shown(TASK_RELEASE_ATTEMPTS, ["not a list"]) == ""
     assert shown(TASK_INSPECT_ATTEMPT, ["r1", 2, token]) == "run_id=r1, generation=2"
     assert shown("playrun.some_new_task", [token, {"input": "x"}]) == "(2 args)"
     assert shown(TASK_START_ATTEMPT, ["x" * 500]) == "run_id=" + "x" * 64

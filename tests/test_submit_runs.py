@@ -173,7 +173,7 @@ def test_the_direct_envelope_is_what_kombu_writes(redis_url: str) -> None:
 
 def test_submit_runs_on_sqlite(sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[broker.Message] = []
-    monkeypatch.setattr(relay, "send_starts", lambda _app, messages: sent.extend(messages))
+    monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: sent.extend(messages))
     o = org()
     hs = tasks.submit_runs([{"play": NOOP, "input": {"i": i}, "org_id": o,
                              "idempotency_key": f"k{i % 3}"} for i in range(6)])
@@ -210,7 +210,7 @@ def test_a_failed_publish_leaves_rows_to_the_sweep_which_publishes_unlocked(
     def broker_down(_app: Any, _messages: Any) -> None:
         raise redis.ConnectionError("broker down")
 
-    monkeypatch.setattr(relay, "send_starts", broker_down)
+    monkeypatch.setattr(relay, "send_tasks", broker_down)
     handle = tasks.submit_run(NOOP, org_id=org())
     with session_scope(readonly=True) as s:
         row = s.execute(sa.select(Outbox.sent_at, Outbox.publish_count)
@@ -222,7 +222,7 @@ def test_a_failed_publish_leaves_rows_to_the_sweep_which_publishes_unlocked(
     def broker_up(_app: Any, messages: list[broker.Message]) -> None:
         seen.extend((m[2][0], _lock_is_free(path)) for m in messages)
 
-    monkeypatch.setattr(relay, "send_starts", broker_up)
+    monkeypatch.setattr(relay, "send_tasks", broker_up)
     assert relay.publish_due(app) == 1
     assert seen == [(handle.id, True)]  # published with the write lock free
     assert relay.publish_due(app) == 0  # marked sent: not published twice
@@ -235,7 +235,7 @@ def test_resend_of_a_long_queued_run_publishes_unlocked(
     path = sa.engine.make_url(sqlite_db).database
     assert path is not None
     seen: list[tuple[str, bool]] = []
-    monkeypatch.setattr(relay, "send_starts", lambda _app, messages: seen.extend(
+    monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: seen.extend(
         (m[2][0], _lock_is_free(path)) for m in messages))
     handle = tasks.submit_run(NOOP, org_id=org())  # "published", but no worker took it
     assert relay.resend_stale(app, after_s=0) == 1

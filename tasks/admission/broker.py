@@ -1,4 +1,5 @@
-"""Start messages into the broker: many in one Redis pipeline, one round trip.
+"""Task messages into the broker (start messages, and the gateway's releases): many in one
+Redis pipeline, one round trip.
 
 Celery's send_task costs about a millisecond of Python per message (routing, option
 merging, the result backend, kombu's publish machinery), more than the transaction
@@ -104,7 +105,7 @@ def oldest_waiting(app: Any, queue: str = QUEUE) -> str | None:
     return task_id if isinstance(task_id, str) and len(task_id) <= 64 else None
 
 
-def send_starts(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> None:
+def send_tasks(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> None:
     """Publish every message or raise (a broker error: the caller leaves them to the sweep).
 
     A pipeline the client re-sends after a dropped connection may push a message twice:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import sqlalchemy.orm
 
 from models import Outbox, Run, db_now
-from tasks.admission.broker import Message, oldest_waiting, send_starts
+from tasks.admission.broker import Message, oldest_waiting, send_tasks
 
 __all__ = ["Message", "publish", "publish_admitted", "publish_due", "resend_stale"]
 from tasks.constants import QUEUED
@@ -33,7 +33,7 @@ def publish(app: Any, messages: Sequence[Message]) -> bool:
     """Send every message in one pipeline; False on any broker error (nothing is lost:
     the caller un-marks the rows for the sweep)."""
     try:
-        send_starts(app, messages)
+        send_tasks(app, messages)
     except Exception as exc:  # noqa: BLE001 - any broker error: the sweep tries again
         log.warning("%d start message(s) left to the sweep: %s", len(messages), exc)
         return False

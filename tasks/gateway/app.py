@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from tasks import untrusted
+from tasks.constants import RELEASE_BATCH_WINDOW_S
 from tasks.db import session_scope
 from tasks.errors import (
     CapabilityDeniedError,
@@ -39,6 +40,7 @@ from tasks.errors import (
 from tasks.gateway import observe, tokens
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.releases import ReleaseBatcher
 from tasks.settings import Settings
 
 log = logging.getLogger("playrun.gateway")
@@ -127,7 +129,8 @@ async def run_action(action: Action, grant: tokens.Grant, model: ActionRequest,
 
 def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], None]) -> Starlette:
     beats = BeatBatcher(settings.heartbeat_timeout_s, settings.gateway_beat_window_s)
-    ctx = Context(settings=settings, send_task=send_task, beats=beats)
+    releases = ReleaseBatcher(send_task, RELEASE_BATCH_WINDOW_S)
+    ctx = Context(settings=settings, send_task=send_task, beats=beats, releases=releases)
     withdrawn = frozenset(settings.gateway_withdrawn_actions)
 
     async def runtime(request: Request) -> JSONResponse:
@@ -174,7 +177,9 @@ def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], No
             return JSONResponse({"ok": False, "database": "unavailable"}, status_code=503)
         return JSONResponse({"ok": True})
 
-    return Starlette(routes=[
+    asgi = Starlette(routes=[
         Route("/v1/runtime", runtime, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
     ])
+    asgi.state.releases = releases  # serve.py sends what is queued as it stops
+    return asgi

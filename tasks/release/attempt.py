@@ -8,7 +8,12 @@ attempt it adopts, so a release by token never touches the next holder's sandbox
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
+from tasks.checks import check_run_id
+from tasks.constants import MAX_LEASE_TOKEN_CHARS, RELEASE_BATCH_MAX
+from tasks.errors import InputInvalidError, PlayrunError
 from tasks.release.capacity import release_lease
 from tasks.release.receipts import release_receipts
 from tasks.release.sandboxes import Released, release_sandboxes
@@ -38,3 +43,45 @@ def release_attempt(run_id: str, generation: int, token: str) -> None:
         release_lease(run_id, generation, token)
     except Exception:
         log.exception("releasing the capacity lease of run %s gen %s failed", run_id, generation)
+
+
+Holder = tuple[str, int, str]  # (run id, generation, holder token)
+
+
+def holder_of(value: Any) -> Holder:
+    """One [run_id, generation, token] of a release_attempts message, or InputInvalidError."""
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        raise InputInvalidError("a holder is [run_id, generation, token]")
+    run_id, generation, token = value
+    if isinstance(generation, bool) or not isinstance(generation, int) or not (
+            0 < generation < 2**31):
+        raise InputInvalidError("generation must be a positive integer")
+    if not isinstance(token, str) or len(token) > MAX_LEASE_TOKEN_CHARS:
+        raise InputInvalidError("token must be a short string")
+    try:
+        return check_run_id(run_id), generation, token
+    except PlayrunError as exc:
+        raise InputInvalidError(exc.message) from None
+
+
+def release_attempts(holders: Any) -> int:
+    """release_attempt for each well-formed holder, in order; returns how many. A malformed
+    one is logged with its code and skipped (a retry would not mend it; the reaper
+    releases whatever is left held)."""
+    if not isinstance(holders, Sequence) or isinstance(holders, (str, bytes)):
+        log.error("release_attempts wants a list of holders, not %s", type(holders).__name__)
+        return 0
+    done = 0
+    for index, value in enumerate(holders):
+        if index >= RELEASE_BATCH_MAX:
+            log.error("release_attempts: %d holders past the limit of %d left to the reaper",
+                      len(holders) - index, RELEASE_BATCH_MAX)
+            break
+        try:
+            run_id, generation, token = holder_of(value)
+        except InputInvalidError as exc:
+            log.error("release_attempts: holder %d skipped: %s", index, exc)
+            continue
+        release_attempt(run_id, generation, token)
+        done += 1
+    return done

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tasks.fence import LaunchFence
 from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.releases import ReleaseBatcher
 from tasks.gateway.tokens import Grant
 from tasks.settings import Settings
 
@@ -27,6 +28,8 @@ class Context:
     send_task: Callable[[str, list[Any], str], None]
     # Heartbeats are answered together, one transaction per window (beats.py).
     beats: BeatBatcher
+    # Releases after a pushed terminal go out together, one task per queue and window.
+    releases: ReleaseBatcher
 
 
 def launch_of(grant: Grant) -> LaunchFence:

@@ -1,14 +1,15 @@
 """`complete`: the runner's terminal result, settled first-write-wins at once.
 
 The release (sandbox delete, capacity, receipts) is handed to a Celery task on the
-queue that reaches the sandbox; a request never deletes a sandbox itself.
+queue that reaches the sandbox (releases.py groups those of one window); a request
+never deletes a sandbox itself.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from tasks.constants import RELEASE_QUEUE, TASK_RELEASE_ATTEMPT
+from tasks.constants import RELEASE_QUEUE
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
 from tasks.gateway.tokens import Grant
 from tasks.settlement.outcome import from_document
@@ -23,8 +24,7 @@ class Complete(ActionRequest):
 def handle(grant: Grant, request: Complete, ctx: Context) -> dict[str, Any]:
     settled = settle_launch(launch_of(grant), from_document(request.result))
     if settled.won:
-        ctx.send_task(TASK_RELEASE_ATTEMPT,
-                      [grant.run_id, grant.generation, settled.holder_token or ""],
-                      settled.host_queue or RELEASE_QUEUE)
+        ctx.releases.add((grant.run_id, grant.generation, settled.holder_token or ""),
+                         settled.host_queue or RELEASE_QUEUE)
     outcome = settled.outcome
     return {"won": settled.won, "status": outcome.status, "code": outcome.code}

@@ -32,6 +32,11 @@ from tasks.acquisition.startrate import RateRule, StartRateLimiter
 from tasks.acquisition.startrate.bucket import load_script
 
 TRIVIAL = "return 1"
+# What any acquire must do at least: read the shared clock, read one rule, write it back.
+FLOOR = ("local t = redis.call('TIME') "
+         "redis.call('HMGET', KEYS[1], 'r', 't', 'e', 'c', 'x') "
+         "redis.call('HSET', KEYS[1], 't', t[1] * 1000000 + t[2]) "
+         "return {ok = '1 0 0 0 0 0'}")
 FAST = RateRule("provider", 60, 600, 6, 6, 0.5, fixed_per_min=1_000_000)  # 60 us apart
 CAP = RateRule("global", 1_000_000, 1_000_000, 1_000_000, 0, 1.0)
 SLOW = RateRule("provider", 60, 600, 6, 6, 0.5, fixed_per_min=1)  # one grant: a minute ahead
@@ -83,6 +88,7 @@ def per_call(fn: Callable[[], object], n: int,
 def throughput(url: str, n: int, batch: int, calls: int) -> None:
     client = redis.Redis.from_url(url)
     trivial_sha = client.script_load(TRIVIAL)
+    floor_sha = client.script_load(FLOOR)
     for name in ("acquire", "penalize", "inspect"):
         client.script_load(load_script(name).body)
     lim = StartRateLimiter(client, horizon_ms=3_600_000)  # grant path: nothing is refused
@@ -97,8 +103,10 @@ def throughput(url: str, n: int, batch: int, calls: int) -> None:
     deny_call = acquire_argv(deny, b + "-d", [SLOW])
     two = acquire_argv(lim, b + "-2", [FAST, CAP])
     lim.acquire(b + "-d", [SLOW])  # a minute ahead now: every later call is denied
+    floor_args = [lim.key(b + "-f", FAST.name), grant[1][1]]  # a key of its own, as packed
     rates = pipelined(client, [(trivial_sha, 0, []), (grant[0], 1, grant[1]),
-                               (deny_call[0], 1, deny_call[1]), (two[0], 2, two[1])], n, batch)
+                               (deny_call[0], 1, deny_call[1]), (two[0], 2, two[1]),
+                               (floor_sha, 1, floor_args)], n, batch)
     base_pipe = rates[0]
     base = per_call(bare, calls, base=bare)
     print(f"\n(1) throughput: {n} EVALSHA pipelined by {batch} (variants take turns); "
@@ -117,11 +125,13 @@ def throughput(url: str, n: int, batch: int, calls: int) -> None:
                                             ("acquire, 2 rules (raw)", two, 2, rates[3])):
         row(name, rate, per_call(lambda s=sha, k=numkeys, a=args: client.evalsha(s, k, *a),
                                  calls, base=bare))
+    row("floor: TIME, HMGET, HSET", rates[4],
+        per_call(lambda: client.evalsha(floor_sha, 1, *floor_args), calls, base=bare))
     single = per_call(lambda: lim.acquire(b + "-p", [FAST]), calls, base=bare)
     print(f"{'limiter.acquire() (Python)':<26}{'-':>12}{'-':>7}{single[0]:>12,.0f}"
           f"{single[0] / base[0]:>7.2f}{single[1]:>8.0f}{single[2]:>8.0f}")
     assert lim.degraded_calls == 0 and deny.degraded_calls == 0
-    for suffix in ("-g", "-d", "-2", "-p"):
+    for suffix in ("-g", "-d", "-2", "-p", "-f"):
         client.delete(*(lim.key(b + suffix, r.name) for r in (FAST, CAP, SLOW)))
     lim.close()
     deny.close()

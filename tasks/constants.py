@@ -124,7 +124,9 @@ TASK_WATCHDOG_PING: Final = "playrun.watchdog_ping"
 TASK_RELEASE_ATTEMPT: Final = "playrun.release_attempt"
 # Several attempts' releases in one task: the gateway groups what settles within a window.
 TASK_RELEASE_ATTEMPTS: Final = "playrun.release_attempts"
-RELEASE_BATCH_MAX: Final = 100
+# One task releases its holders one after another: a cloud provider's slow deletes must
+# not add up to the task time limit (240 s soft).
+RELEASE_BATCH_MAX: Final = 20
 RELEASE_BATCH_WINDOW_S: Final = 0.05  # a release waits at most this past the last send
 MAX_LEASE_TOKEN_CHARS: Final = 64  # attempts.lease_token's column
 TASK_INSPECT_ATTEMPT: Final = "playrun.inspect_attempt"

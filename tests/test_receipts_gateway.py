@@ -189,8 +189,7 @@ def test_the_database_decides_one_claim_among_twenty_racing_handlers(pg_url: str
     """The claim handler itself, 20 threads at once (no HTTP in between to spread them)."""
     org_id = org()
     runs = [launched(org_id) for _ in range(20)]
-    context = Context(get_settings(), lambda *_: None, BeatBatcher(30.0, 0.0),
-                      ReleaseBatcher(lambda *_: None, 0.0))
+    context = Context(get_settings(), BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0))
     barrier = threading.Barrier(20)
     answers: dict[int, str] = {}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -40,7 +39,7 @@ from tasks.errors import (
 from tasks.gateway import observe, tokens
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
-from tasks.gateway.releases import ReleaseBatcher
+from tasks.gateway.releases import ReleaseBatcher, Send
 from tasks.settings import Settings
 
 log = logging.getLogger("playrun.gateway")
@@ -127,10 +126,10 @@ async def run_action(action: Action, grant: tokens.Grant, model: ActionRequest,
     return await run_in_threadpool(action.handler, grant, model, ctx)
 
 
-def create_app(settings: Settings, send_task: Callable[[str, list[Any], str], None]) -> Starlette:
+def create_app(settings: Settings, send_task: Send) -> Starlette:
     beats = BeatBatcher(settings.heartbeat_timeout_s, settings.gateway_beat_window_s)
     releases = ReleaseBatcher(send_task, RELEASE_BATCH_WINDOW_S)
-    ctx = Context(settings=settings, send_task=send_task, beats=beats, releases=releases)
+    ctx = Context(settings=settings, beats=beats, releases=releases)
     withdrawn = frozenset(settings.gateway_withdrawn_actions)
 
     async def runtime(request: Request) -> JSONResponse:

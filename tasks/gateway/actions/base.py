@@ -24,11 +24,10 @@ class ActionRequest(BaseModel):
 @dataclass(frozen=True)
 class Context:
     settings: Settings
-    # Sends a Celery task by name to a queue (the gateway never deletes a sandbox itself).
-    send_task: Callable[[str, list[Any], str], None]
     # Heartbeats are answered together, one transaction per window (beats.py).
     beats: BeatBatcher
-    # Releases after a pushed terminal go out together, one task per queue and window.
+    # Releases after a pushed terminal go out together, one task per queue and window (the
+    # gateway never deletes a sandbox itself).
     releases: ReleaseBatcher
 
 

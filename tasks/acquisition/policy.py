@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -22,8 +25,8 @@ from tasks.constants import MAX_DURATION_S, MAX_STARTS_PER_MINUTE
 from tasks.db import session_scope
 from tasks.errors import PolicyInvalidError
 
-__all__ = ["HOLD", "NORMAL", "THROTTLE", "Policy", "PolicyInvalidError", "current", "read",
-           "set_policy"]
+__all__ = ["HOLD", "NORMAL", "THROTTLE", "Policy", "PolicyInvalidError", "PolicyRow", "current",
+           "current_pg", "read", "set_policy"]
 
 log = logging.getLogger("playrun.policy")
 
@@ -47,7 +50,17 @@ class Policy:
     reason: str | None = None
 
 
-def problem(row: TrafficPolicy, now: datetime) -> str | None:
+class PolicyRow(NamedTuple):
+    """A stored row as read, by the ORM or by a driver cursor."""
+
+    id: int
+    mode: str
+    starts_per_minute: Any
+    expires_at: datetime | None
+    reason: str | None
+
+
+def problem(row: PolicyRow, now: datetime) -> str | None:
     """Why a stored row must not be applied, or None when it is sound."""
     if row.mode not in MODES:
         return f"unknown mode {row.mode!r}"
@@ -67,16 +80,37 @@ def problem(row: TrafficPolicy, now: datetime) -> str | None:
 
 # Built once: every start reads it.
 _CURRENT = (
-    sa.select(TrafficPolicy, db_now().label("now"))
+    sa.select(TrafficPolicy.id, TrafficPolicy.mode, TrafficPolicy.starts_per_minute,
+              TrafficPolicy.expires_at, TrafficPolicy.reason, db_now().label("now"))
     .where(sa.or_(TrafficPolicy.expires_at.is_(None), TrafficPolicy.expires_at > db_now()))
     .order_by(TrafficPolicy.id.desc())
     .limit(_SCAN)
 )
+# The same read for a driver cursor (PostgreSQL's hot start path).
+_CURRENT_PG = f"""
+SELECT id, mode, starts_per_minute, expires_at, reason, clock_timestamp() FROM traffic_policies
+WHERE expires_at IS NULL OR expires_at > clock_timestamp() ORDER BY id DESC LIMIT {_SCAN}
+"""
 
 
 def current(session: Session) -> Policy:
     """The newest sound unexpired policy row; none (or an explicit `normal`) means normal."""
-    rows = session.execute(_CURRENT).all()
+    return _pick((PolicyRow(*row[:5]), row[5]) for row in session.execute(_CURRENT))
+
+
+def current_pg(cur: psycopg.Cursor[Any]) -> Policy:
+    """`current` on a PostgreSQL driver cursor (its own autocommit read)."""
+    cur.execute(_CURRENT_PG)
+    return _pick((PolicyRow(i, mode, rate, _utc(expires), reason), _utc(now))
+                 for i, mode, rate, expires, reason, now in cur.fetchall())
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    # psycopg hands timestamptz back in the session's time zone; the ORM's type in UTC.
+    return None if value is None else value.astimezone(UTC)
+
+
+def _pick(rows: Iterable[tuple[PolicyRow, Any]]) -> Policy:
     for row, now in rows:
         why = problem(row, now)
         if why is not None:

@@ -18,9 +18,10 @@ from tasks.acquisition import capacity, permits
 from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.acquisition.deferral import defer
+from tasks.acquisition.first_start import first_start
 from tasks.acquisition.sandbox import create
-from tasks.constants import SANDBOX_START_FAILED
-from tasks.db import session_scope
+from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, SANDBOX_START_FAILED
+from tasks.db import driver_cursor, session_scope
 from tasks.errors import CapacityExceededError
 from tasks.runtime import provider as provider_for
 from tasks.runtime import worker_id
@@ -69,6 +70,10 @@ class Opened:
 def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
     """Claim, read the policy and reserve capacity in one transaction: the run row is
     locked, then the org's capacity row (the order every capacity write takes)."""
+    if settings.is_postgres:
+        opened = _first_start(run_id, settings)
+        if opened is not None:
+            return opened
     with session_scope(durable=False) as session:
         claimed = claim(session, run_id, worker_id=worker_id(),
                         lease_seconds=settings.lease_seconds)
@@ -84,6 +89,26 @@ def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
         except CapacityExceededError as exc:
             return Opened(claimed, policy, full=exc)
         return Opened(claimed, policy, reservation.lease_id)
+
+
+def _first_start(run_id: str, settings: Settings) -> Opened | None:
+    """PostgreSQL's common case: the policy, then attempt 1 and its reservation in one
+    statement (tasks/acquisition/first_start.py); None for anything else."""
+    with driver_cursor() as cur:
+        policy = traffic.current_pg(cur)
+    started = first_start(
+        run_id, worker_id=worker_id(), lease_seconds=settings.lease_seconds,
+        reserve=policy.mode != traffic.HOLD, org_capacity=settings.org_capacity,
+        observe=settings.capacity_mode != "enforce",
+        reservation_ttl_s=settings.capacity_reservation_ttl_s)
+    if started is None:
+        return None
+    if not started.reserved:
+        return Opened(started.claimed, policy)
+    if started.lease_id is None:
+        return Opened(started.claimed, policy, full=CapacityExceededError(
+            CAPACITY_EXCEEDED_MESSAGE))
+    return Opened(started.claimed, policy, started.lease_id)
 
 
 _DEFERRED = Acquired(Step.DEFERRED)

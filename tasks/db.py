@@ -108,12 +108,18 @@ def get_engine(url: str | None = None) -> sa.Engine:
 
 
 def _autocommit_engine(url: str) -> sa.Engine:
-    """PostgreSQL: a second, small pool whose connections stay in autocommit (nothing to
-    switch on checkout, nothing to roll back on checkin)."""
+    """PostgreSQL: a second pool whose connections stay in autocommit (nothing to switch on
+    checkout, nothing to roll back on checkin).
+
+    It keeps up to 10 idle: the gateway's request threads use it at once under load, and
+    a pool of 2 closed each connection past the second on checkin, so every busy second
+    started dozens of server backends (a fork and a catalog warm-up each). A worker's pool
+    child, one thread, opens one or two.
+    """
     key = (os.getpid(), url)
     engine = _autocommit_engines.get(key)
     if engine is None:
-        engine = sa.create_engine(url, pool_size=2, max_overflow=8,
+        engine = sa.create_engine(url, pool_size=10, max_overflow=20,
                                   isolation_level="AUTOCOMMIT", pool_reset_on_return=None,
                                   connect_args=_pg_args(url))
         _ping_when_idle(engine)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -84,6 +86,13 @@ _UNDELETED = (
 )
 
 
+_PG_UNDELETED = f"""
+SELECT id, provider, sandbox_id FROM runtime_resources
+WHERE run_id = %(run)s AND generation = %(gen)s AND holder_token = %(token)s
+  AND state <> '{RESOURCE_DELETED}'
+"""
+
+
 @dataclass(frozen=True)
 class Released:
     left: int  # sandboxes not deleted yet
@@ -95,12 +104,16 @@ def release_sandboxes(run_id: str, generation: int, token: str, *,
     """Delete every sandbox this holder still has. `with_leases`: on PostgreSQL, a lone
     sandbox's mark also releases the holder's leases unless it holds receipts
     (after_delete.py), one statement where there were three."""
-    # A plain read in autocommit: one round trip on PostgreSQL, no BEGIN or COMMIT. (On
-    # SQLite it stays a write-locked read, as it was: the deletes follow.)
-    with autocommit() as conn:
-        rows = conn.execute(_UNDELETED, {"run": run_id, "gen": generation,
-                                         "token": token}).all()
-    if with_leases and len(rows) == 1 and get_engine().dialect.name == "postgresql":
+    postgres = get_engine().dialect.name == "postgresql"
+    params = {"run": run_id, "gen": generation, "token": token}
+    if postgres:  # a plain read in autocommit: one round trip, no BEGIN or COMMIT
+        with driver_cursor() as cur:
+            cur.execute(_PG_UNDELETED, params)
+            rows: Sequence[Any] = cur.fetchall()
+    else:  # stays a write-locked read, as it was: the deletes follow
+        with autocommit() as conn:
+            rows = conn.execute(_UNDELETED, params).all()
+    if with_leases and len(rows) == 1 and postgres:
         rid, prov, sid = rows[0]
         if not _deleted_at_provider(rid, prov, sid, run_id):
             return Released(1)

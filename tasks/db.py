@@ -113,13 +113,15 @@ def _autocommit_engine(url: str) -> sa.Engine:
 
     It keeps up to 10 idle: the gateway's request threads use it at once under load, and
     a pool of 2 closed each connection past the second on checkin, so every busy second
-    started dozens of server backends (a fork and a catalog warm-up each). A worker's pool
-    child, one thread, opens one or two.
+    started dozens of server backends (a fork and a catalog warm-up each). At most 15
+    (the old pool allowed 10), beside the main pool's 15: a worker's pool child, one
+    thread, opens one or two. Last in, first out: a quiet process reuses the same few, and
+    the rest idle past PING_IDLE_S and are pinged before their next use.
     """
     key = (os.getpid(), url)
     engine = _autocommit_engines.get(key)
     if engine is None:
-        engine = sa.create_engine(url, pool_size=10, max_overflow=20,
+        engine = sa.create_engine(url, pool_size=10, max_overflow=5, pool_use_lifo=True,
                                   isolation_level="AUTOCOMMIT", pool_reset_on_return=None,
                                   connect_args=_pg_args(url))
         _ping_when_idle(engine)

@@ -41,6 +41,7 @@ def _pid(cur: psycopg.Cursor[Any]) -> int:
 
 
 def test_a_server_that_dropped_the_pool_costs_one_failed_call(pg_url: str) -> None:
+    db.dispose_engines()  # a pool of this test's own: earlier tests left idle connections
     with db.driver_cursor() as a, db.driver_cursor() as b:  # two pooled connections
         pids = {_pid(a), _pid(b)}
     with db.driver_cursor() as cur:

@@ -9,16 +9,17 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from models import Attempt, Run
-from tasks.acquisition import capacity
+from models import Attempt, CapacityLease, Run, RunEvent
+from tasks.acquisition import capacity, start
 from tasks.acquisition import policy as traffic
-from tasks.acquisition.claim import Skip, Skipped
-from tasks.acquisition.first_start import first_start
+from tasks.acquisition.claim import Claimed, Skip, Skipped, claim
+from tasks.acquisition.first_start import FirstStart, first_start
 from tasks.acquisition.start import Opened, open_attempt
 from tasks.constants import ATTEMPT_ACTIVE, EV_ATTEMPT_STARTED, EV_CAPACITY_OVERRUN, RUNNING
 from tasks.db import session_scope
@@ -49,10 +50,25 @@ def opened(run_id: str, s: Settings | None = None) -> Opened:
     return result
 
 
-def test_a_first_start_opens_attempt_one_and_reserves_its_slot(pg_url: str) -> None:
+@pytest.fixture
+def fast_path(monkeypatch: pytest.MonkeyPatch) -> list[FirstStart | None]:
+    """What each first_start call open_attempt made returned (None: it fell through)."""
+    seen: list[FirstStart | None] = []
+
+    def spy(*args: Any, **kwargs: Any) -> FirstStart | None:
+        seen.append(first_start(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(start, "first_start", spy)
+    return seen
+
+
+def test_a_first_start_opens_attempt_one_and_reserves_its_slot(
+        pg_url: str, fast_path: list[FirstStart | None]) -> None:
     org_id = org()
     run_id = new_run(org_id)
     got = opened(run_id)
+    assert len(fast_path) == 1 and fast_path[0] is not None  # the one statement did it
     fence = got.claimed.fence
     assert (fence.run_id, fence.generation, len(fence.lease_token)) == (run_id, 1, 32)
     assert got.claimed.org_id == org_id and got.claimed.resumed is False
@@ -65,6 +81,52 @@ def test_a_first_start_opens_attempt_one_and_reserves_its_slot(pg_url: str) -> N
     assert [(x[0], x[1]) for x in snap["leases"]] == [(got.lease_id, capacity.RESERVED)]
     assert kinds(run_id)[-1] == EV_ATTEMPT_STARTED
     assert held(org_id) == 1
+
+
+_VOLATILE = {"id", "lease_token", "holder_token", "worker_id", "run_id", "org_id",
+             "idempotency_key", "play_digest"}
+
+
+def _rows(run_id: str) -> dict[str, Any]:
+    """Every column of the run's rows a start writes; ids, tokens and clocks only as
+    present or not (they differ between any two starts)."""
+    def value(row: Any, key: str) -> Any:
+        v = getattr(row, key)
+        return v is not None if key in _VOLATILE or isinstance(v, datetime) else v
+
+    def plain(row: Any) -> dict[str, Any]:
+        return {c.key: value(row, c.key) for c in sa.inspect(row).mapper.column_attrs}
+
+    with session_scope() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        return {
+            "run": plain(run),
+            "attempts": [plain(a) for a in session.scalars(
+                sa.select(Attempt).where(Attempt.run_id == run_id))],
+            "events": [(e.kind, e.generation, e.data) for e in session.scalars(
+                sa.select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id))],
+            "leases": [plain(x) for x in session.scalars(
+                sa.select(CapacityLease).where(CapacityLease.run_id == run_id))],
+        }
+
+
+def test_the_statement_writes_what_the_general_transaction_writes(
+        pg_url: str, fast_path: list[FirstStart | None]) -> None:
+    """One new run through the statement, one through the general claim and reservation:
+    the same rows, column for column (ids, tokens and clocks aside)."""
+    s = get_settings()
+    fast_run, general_run = new_run(org()), new_run(org())
+    got = opened(fast_run)
+    assert fast_path == [fast_path[0]] and fast_path[0] is not None
+    with session_scope(durable=False) as session:
+        claimed = claim(session, general_run, worker_id="w", lease_seconds=s.lease_seconds)
+        assert isinstance(claimed, Claimed)
+        reservation = capacity.reserve(session, claimed.fence, claimed.org_id, s)
+    fast, general = _rows(fast_run), _rows(general_run)
+    assert fast == general
+    assert fast["leases"][0]["state"] == capacity.RESERVED and got.lease_id != \
+        reservation.lease_id
 
 
 def test_the_input_comes_back_as_it_was_stored(pg_url: str) -> None:
@@ -86,21 +148,26 @@ def test_anything_but_a_due_first_start_is_left_to_the_general_claim(pg_url: str
     s = get_settings()
     args = dict(worker_id="w", lease_seconds=30, reserve=True, org_capacity=10, observe=False,
                 reservation_ttl_s=30)
-    cancelled, early, tried = new_run(org()), new_run(org()), new_run(org())
+    cancelled, early, tried, ended = new_run(org()), new_run(org()), new_run(org()), \
+        new_run(org())
     with session_scope() as session:
         session.execute(sa.update(Run).where(Run.id == cancelled)
                         .values(cancel_requested_at=sa.func.now()))
+        # Ended before any attempt (as a forced settlement ends it), with no cancel asked.
+        session.execute(sa.update(Run).where(Run.id == ended).values(
+            status="failed", code="SANDBOX_START_FAILED", finished_at=sa.func.now()))
         session.execute(sa.update(Run).where(Run.id == early).values(
             deferred_until=sa.func.now() + sa.text("interval '1 hour'")))
     opened(tried)
     with session_scope() as session:  # attempt 1 ended: the next start is generation 2
         session.execute(sa.update(Attempt).where(Attempt.run_id == tried)
                         .values(state="ended", end_reason="test"))
-    for run_id in (cancelled, early, tried, "no-such-run"):
+    for run_id in (cancelled, early, tried, ended, "no-such-run"):
         before = snapshot(run_id) if run_id != "no-such-run" else None
         assert first_start(run_id, **args) is None  # type: ignore[arg-type]
         if before is not None:
             assert snapshot(run_id) == before  # matched nothing, wrote nothing
+    assert open_attempt(ended, s) == Skipped(Skip.TERMINAL)
     assert open_attempt(cancelled, s) == Skipped(Skip.CANCEL)
     assert open_attempt(early, s) == Skipped(Skip.NOT_DUE)
     assert open_attempt("no-such-run", s) == Skipped(Skip.NOT_FOUND)

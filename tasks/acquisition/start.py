@@ -68,10 +68,18 @@ class Opened:
 # durable and flushes them before exec. Losing them is recovered like a lost worker.
 
 def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
-    """Claim, read the policy and reserve capacity in one transaction: the run row is
-    locked, then the org's capacity row (the order every capacity write takes)."""
+    """Claim, read the policy and reserve capacity: the run row is locked, then the org's
+    capacity row (the order every capacity write takes).
+
+    On PostgreSQL the policy is read first, on its own, and a due first start is then one
+    statement (tasks/acquisition/first_start.py); anything else, and SQLite, takes one
+    transaction that claims, reads the policy (unless read already) and reserves.
+    """
+    policy: traffic.Policy | None = None
     if settings.is_postgres:
-        opened = _first_start(run_id, settings)
+        with driver_cursor() as cur:
+            policy = traffic.current_pg(cur)
+        opened = _first_start(run_id, settings, policy)
         if opened is not None:
             return opened
     with session_scope(durable=False) as session:
@@ -79,7 +87,8 @@ def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
                         lease_seconds=settings.lease_seconds)
         if isinstance(claimed, Skipped):
             return claimed
-        policy = traffic.current(session)
+        if policy is None:
+            policy = traffic.current(session)
         if policy.mode == traffic.HOLD:
             return Opened(claimed, policy)
         try:
@@ -91,11 +100,9 @@ def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
         return Opened(claimed, policy, reservation.lease_id)
 
 
-def _first_start(run_id: str, settings: Settings) -> Opened | None:
-    """PostgreSQL's common case: the policy, then attempt 1 and its reservation in one
-    statement (tasks/acquisition/first_start.py); None for anything else."""
-    with driver_cursor() as cur:
-        policy = traffic.current_pg(cur)
+def _first_start(run_id: str, settings: Settings, policy: traffic.Policy) -> Opened | None:
+    """Attempt 1 and (unless held) its reservation in one statement; None for anything
+    but a due first start."""
     started = first_start(
         run_id, worker_id=worker_id(), lease_seconds=settings.lease_seconds,
         reserve=policy.mode != traffic.HOLD, org_capacity=settings.org_capacity,

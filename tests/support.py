@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from models import Attempt, CapacityLease, Outbox, Run, RunEvent, RuntimeResource, db_now
@@ -156,6 +158,22 @@ def close_open_runs(org_prefix: str) -> None:
         session.execute(sa.update(Run).where(Run.id.in_(open_ids)).values(
             status="cancelled", code="CANCELLED", error="closed by the test harness",
             finished_at=db_now(), deferred_until=None))
+
+
+def org_namer(prefix: str) -> Callable[[], str]:
+    """A maker of fresh org ids under a module's prefix (close_open_runs finds them)."""
+    return lambda: f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def closes_open_runs(prefix: str) -> Any:
+    """A module-wide autouse fixture: the module's hand-driven runs end cancelled after it,
+    so no later reaper or sweep adopts them."""
+    @pytest.fixture(scope="module", autouse=True)
+    def _no_open_runs_left(pg_url: str) -> Iterator[None]:
+        yield
+        close_open_runs(prefix)
+
+    return _no_open_runs_left
 
 
 def held(org_id: str) -> int:

@@ -3,7 +3,6 @@ back its capacity lease and deletes its sandbox, each recorded in the ledger."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,21 +25,15 @@ from tests.support import (
     FAST_STARTS,
     HELLO,
     PLAYS,
-    close_open_runs,
+    closes_open_runs,
     held,
+    org_namer,
 )
 
 ORG_PREFIX = "cap-"
 
-
-def org() -> str:
-    return f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_open_runs_left(pg_url: str) -> Iterator[None]:
-    yield
-    close_open_runs(ORG_PREFIX)
+org = org_namer(ORG_PREFIX)
+_no_open_runs_left = closes_open_runs(ORG_PREFIX)
 
 
 # --- every terminal path, with a real worker ------------------------------------------------

@@ -7,8 +7,6 @@ many workers racing for one run, exactly one opens it.
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -25,19 +23,12 @@ from tasks.constants import ATTEMPT_ACTIVE, EV_ATTEMPT_STARTED, EV_CAPACITY_OVER
 from tasks.db import session_scope
 from tasks.settings import Settings, get_settings
 from tests.helpers import kinds
-from tests.support import close_open_runs, held, new_run, snapshot
+from tests.support import closes_open_runs, held, new_run, org_namer, snapshot
 
 ORG_PREFIX = "first-"
 
-
-def org() -> str:
-    return f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_open_runs_left(pg_url: str) -> Iterator[None]:
-    yield
-    close_open_runs(ORG_PREFIX)
+org = org_namer(ORG_PREFIX)
+_no_open_runs_left = closes_open_runs(ORG_PREFIX)
 
 
 def settings(**update: Any) -> Settings:

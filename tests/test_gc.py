@@ -11,10 +11,8 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 
 import tasks
@@ -32,19 +30,18 @@ from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
 from tests.conftest import ROOT, worker_env
-from tests.support import close_open_runs, must_claim, new_run, supersede
+from tests.support import (
+    closes_open_runs,
+    must_claim,
+    new_run,
+    org_namer,
+    supersede,
+)
 
 ORG_PREFIX = "gc-"
 
-
-def org() -> str:
-    return f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_open_runs_left(pg_url: str) -> Iterator[None]:
-    yield
-    close_open_runs(ORG_PREFIX)
+org = org_namer(ORG_PREFIX)
+_no_open_runs_left = closes_open_runs(ORG_PREFIX)
 
 
 def plant(prov: SandboxProvider, labels: dict[str, str]) -> SandboxRef:

@@ -63,7 +63,7 @@ WITH quick AS ({ASYNC_COMMIT_SQL}), claimed AS (
         FROM res WHERE res.lease_id IS NOT NULL AND res.used >= res.cap
     ) AS e ORDER BY n
 )
-SELECT claimed.org_id, claimed.input, b.source, res.used, res.lease_id, res.cap
+SELECT claimed.org_id, claimed.input, b.source, res.lease_id
 FROM claimed LEFT JOIN res ON true LEFT JOIN play_bundles b ON b.digest = claimed.play_digest
 """
 
@@ -73,8 +73,6 @@ class FirstStart:
     claimed: Claimed
     reserved: bool  # asked to reserve: then lease_id is None only if the org was full
     lease_id: str | None
-    in_use: int
-    limit: int
 
 
 def first_start(run_id: str, *, worker_id: str, lease_seconds: float, reserve: bool,
@@ -92,6 +90,6 @@ def first_start(run_id: str, *, worker_id: str, lease_seconds: float, reserve: b
         row: Any = cur.fetchone()
     if row is None:
         return None
-    org_id, value, source, used, lease_id, limit = row  # psycopg decodes the jsonb input
+    org_id, value, source, lease_id = row  # psycopg decodes the jsonb input
     claimed = Claimed(Fence(run_id, 1, token), org_id, source or "", value, False)
-    return FirstStart(claimed, reserve, lease_id, int(used or 0), int(limit or 0))
+    return FirstStart(claimed, reserve, lease_id)

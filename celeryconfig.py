@@ -8,14 +8,14 @@ from __future__ import annotations
 from kombu import Exchange, Queue
 
 from tasks.constants import MAINTENANCE_QUEUE, QUEUE, RELEASE_QUEUE
-from tasks.netguard import celery_backend_options, redis_socket_options
 from tasks.settings import get_settings
+from tasks.store.netguard import celery_backend_options, redis_socket_options
 
 _settings = get_settings()
 
 broker_url = _settings.redis_url
 if broker_url.startswith(("redis://", "rediss://")):  # not sentinel:// or another broker
-    broker_transport = "tasks.broker_transport:Transport"
+    broker_transport = "tasks.broker.transport:Transport"
 result_backend = _settings.redis_url
 
 # Ack after the task finishes, so a task whose worker dies is delivered again;
@@ -29,7 +29,7 @@ worker_prefetch_multiplier = 1
 # (checked in Settings.check), or a waiting message would be delivered twice.
 broker_transport_options = {"visibility_timeout": _settings.visibility_timeout_s,
                             # A half-open broker connection fails and is replaced, never
-                            # waited on forever (tasks/netguard.py).
+                            # waited on forever (tasks/store/netguard.py).
                             **redis_socket_options(_settings.network_timeout_s)}
 _backend = celery_backend_options(_settings.network_timeout_s)
 redis_socket_timeout = _backend["redis_socket_timeout"]

@@ -46,7 +46,7 @@ def _setup_client(url: str, org_id: str) -> tuple[str, int, str]:
     _point_at(url)
     from tasks.acquisition.claim import Claimed, claim
     from tasks.admission.submit import admit
-    from tasks.db import session_scope
+    from tasks.store.db import session_scope
 
     run_id = admit(NOOP, {}, org_id, None).run_id
     with session_scope() as session:
@@ -59,8 +59,8 @@ def _setup_client(url: str, org_id: str) -> tuple[str, int, str]:
 def _cycles(url: str, fence_t: tuple[str, int, str], org_id: str, seconds: float,
             barrier: Any, out: Any) -> None:
     _point_at(url)
-    from tasks.fence import Fence
     from tasks.settings import get_settings
+    from tasks.store.fence import Fence
 
     fence, settings = Fence(*fence_t), get_settings()
 
@@ -140,7 +140,7 @@ def main() -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         _point_at(url)
-        from tasks import db
+        from tasks.store import db
 
         db.upgrade(url)
         rows = []
@@ -165,7 +165,7 @@ def main() -> None:
         print("a cycle = reserve (fenced, org row lock, count, insert) + promote (fenced CAS)"
               " + release (ledger event): 3 statements, 3 transactions")
     finally:
-        from tasks import db
+        from tasks.store import db
 
         db.dispose_engines()
         with psycopg.connect(admin, autocommit=True) as conn:

@@ -74,8 +74,8 @@ def bench_acquire(n: int) -> None:
 
 
 def bench_pages(pg: str, rows: int, n: int) -> None:
-    from tasks import db
     from tasks.settings import reset_settings
+    from tasks.store import db
 
     name = f"playrun_bench_dash_{uuid.uuid4().hex[:6]}"
     admin = pg.replace("+psycopg", "")

@@ -128,7 +128,7 @@ def beat_latency(env: dict[str, str], db: Db, run_id: str, count: int) -> list[f
     """Heartbeats for one running play, sent the way a runner sends them (runner_client:
     a new connection over the gateway's Unix socket per request), `count` of them 0.1 s apart."""
     from tasks.execution.runner_client import Gateway
-    from tasks.gateway import tokens
+    from tasks.security import tokens
 
     org, generation, launch_id = db.one(
         "SELECT r.org_id, a.generation, a.launch_id FROM runs r JOIN attempts a ON "

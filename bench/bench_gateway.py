@@ -54,9 +54,9 @@ def serve(port: int) -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Mount, Route
 
-    from tasks.db import session_scope
     from tasks.gateway.app import create_app
     from tasks.settings import get_settings
+    from tasks.store.db import session_scope
 
     settings = get_settings()
 
@@ -93,10 +93,10 @@ def launched_attempts(k: int) -> list[tuple[str, str]]:
     """K runs with a claimed, launched attempt; (run_id, runner token) each."""
     from tasks.acquisition.claim import Claimed, claim
     from tasks.admission.submit import admit
-    from tasks.db import session_scope
     from tasks.execution.launch import mark_launching
-    from tasks.gateway import tokens
+    from tasks.security import tokens
     from tasks.settings import get_settings
+    from tasks.store.db import session_scope
 
     settings = get_settings()
     org = f"bench-gw-{uuid.uuid4().hex[:6]}"
@@ -119,7 +119,7 @@ def expire_leases(attempts: list[tuple[str, str]]) -> None:
     """Leases due for renewal now (mark_launching gave them 40 s), so every beat writes."""
     import sqlalchemy as sa
 
-    from tasks.db import session_scope
+    from tasks.store.db import session_scope
 
     with session_scope() as session:
         session.execute(sa.text("UPDATE attempts SET lease_expires_at = clock_timestamp() "

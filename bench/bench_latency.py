@@ -81,7 +81,7 @@ def stages(done: list[tuple[str, float]]) -> list[list[float]]:
     import sqlalchemy as sa
 
     from models import Attempt, Run, RunEvent
-    from tasks.db import session_scope
+    from tasks.store.db import session_scope
 
     out: list[list[float]] = [[] for _ in STAGES]
     with session_scope(readonly=True) as session:

@@ -52,7 +52,7 @@ def claim_free_db(taken: str) -> str:
 
 def switch(on: bool, env: dict[str, str] | None = None) -> None:
     """Flip metrics in this process (the app side of submit_run), and point it at a stack."""
-    from tasks import metrics
+    from tasks.observe import metrics
     from tasks.settings import reset_settings
 
     os.environ.update(env or {})
@@ -83,7 +83,7 @@ def submit_rates(n: int) -> dict[bool, float]:
 def call_cost(n: int = 200_000) -> dict[bool, float]:
     """Seconds per hot-path call (a labelled counter), metrics on and off: the floor under
     the noisy end-to-end figures."""
-    from tasks import metrics
+    from tasks.observe import metrics
 
     out = {}
     for on in (True, False):
@@ -152,7 +152,7 @@ def end_to_end(runs: int, env: dict[str, str], log_dir: Path, off_redis: str
                 urls = [_url(own, "gateway", gateway.pid), _url(own, "worker", worker.pid)]
                 threading.Thread(target=_scrape_forever, args=(urls, stop), daemon=True).start()
 
-        apps = {True: tasks.app, False: _app_on(off_redis)}
+        apps = {True: tasks.broker.app, False: _app_on(off_redis)}
 
         def one(on: bool, i: int) -> float:
             """submit_run's two steps, published to the chosen stack's broker."""

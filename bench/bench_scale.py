@@ -47,13 +47,13 @@ def rows(env: dict[str, str], long_run: str) -> list[tuple[str, str, float]]:
     from tasks.acquisition.claim import Claimed, claim
     from tasks.acquisition.startrate import RateRule, StartRateLimiter
     from tasks.admission.relay import publish_due, resend_stale
-    from tasks.app import app
+    from tasks.broker.app import app
     from tasks.constants import LABEL_GENERATION, LABEL_RUN, QUEUE
-    from tasks.db import session_scope
     from tasks.maintenance.gc import verdict
     from tasks.maintenance.reaper import expire_reservations, reap
     from tasks.sandbox import SandboxRef
     from tasks.settings import get_settings
+    from tasks.store.db import session_scope
 
     settings = get_settings()
     broker = redis.Redis.from_url(env["PLAYRUN_REDIS_URL"])

@@ -32,7 +32,7 @@ PLAY = ROOT / "tests" / "plays" / "sheet_enrich.py"
 
 
 def start_gateway(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "gateway"], cwd=str(ROOT),
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "gateway"], cwd=str(ROOT),
                             env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 30
@@ -53,10 +53,10 @@ def launched(org: str) -> SimpleNamespace:
     from models import Outbox, db_now
     from tasks.acquisition.claim import Claimed, claim
     from tasks.admission.submit import admit
-    from tasks.db import session_scope
     from tasks.execution.launch import mark_launching
-    from tasks.gateway import tokens
+    from tasks.security import tokens
     from tasks.settings import get_settings
+    from tasks.store.db import session_scope
 
     admitted = admit(PLAY, {}, org, None)
     with session_scope() as session:

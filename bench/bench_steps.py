@@ -35,7 +35,7 @@ def free_port() -> int:
 
 def start_gateway(env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = Path(env["PLAYRUN_GATEWAY_SOCKET"]).parent.parent / "gateway.log"
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "gateway"],
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "gateway"],
                             env={**os.environ, **env}, cwd=str(ROOT),
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
                             start_new_session=True)
@@ -54,11 +54,11 @@ def launched_uplink() -> Any:
     from models import Outbox, db_now
     from tasks.acquisition.claim import Claimed, claim
     from tasks.admission.submit import admit
-    from tasks.db import session_scope
     from tasks.execution import runner_client
     from tasks.execution.launch import mark_launching
-    from tasks.gateway import tokens
+    from tasks.security import tokens
     from tasks.settings import get_settings
+    from tasks.store.db import session_scope
 
     settings = get_settings()
     admitted = admit(PLAY, {}, "bench", None)

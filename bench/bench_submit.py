@@ -43,7 +43,7 @@ def main() -> None:
         from celery import Celery
 
         import tasks
-        from tasks.db import get_engine
+        from tasks.store.db import get_engine
 
         plain = Celery("plain", broker=env["PLAYRUN_REDIS_URL"])
 

@@ -96,7 +96,7 @@ def submit_and_wait(n: int, org: str) -> float:
 
     import tasks
     from models import Run
-    from tasks.db import session_scope
+    from tasks.store.db import session_scope
 
     with session_scope(readonly=True) as session:
         since = session.scalar(sa.select(sa.func.now()))

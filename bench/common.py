@@ -31,7 +31,7 @@ _MARK = "playrun:bench-session"
 
 
 def _pid_alive(pid: int) -> bool:
-    # tasks.embedded.pid_alive, copied: importing tasks before bench_env sets PLAYRUN_*
+    # tasks.cli.embedded.pid_alive, copied: importing tasks before bench_env sets PLAYRUN_*
     # would bind the Celery app to the wrong broker.
     try:
         os.kill(pid, 0)
@@ -85,8 +85,8 @@ def bench_env(redis_db: int, *, pg_base: str | None = None,
         "PLAYRUN_SANDBOX_ROOT": f"/tmp/playrun-bench-{name}",
     }
     os.environ.update(env)
-    from tasks import db
     from tasks.settings import reset_settings
+    from tasks.store import db
 
     reset_settings()
     try:
@@ -216,7 +216,7 @@ def group_alive(pgid: int) -> bool:
 
 
 def start_gateway(env: dict[str, str], log_dir: Path, name: str = "gateway") -> Child:
-    gw = Child(name, [sys.executable, "-m", "tasks.cli", "gateway"], env, log_dir)
+    gw = Child(name, [sys.executable, "-m", "tasks.cli.main", "gateway"], env, log_dir)
     try:
         gw.wait_for("gateway ready", timeout=60)
     except BaseException:
@@ -387,8 +387,8 @@ def capacity_cycle(fence: Any, org_id: str, settings: Any, sandbox_id: str) -> N
     from sqlalchemy.orm import Session
 
     from tasks.acquisition import capacity
-    from tasks.db import autocommit
     from tasks.release.capacity import release_lease
+    from tasks.store.db import autocommit
 
     with autocommit() as conn, Session(bind=conn) as session:
         lease_id = capacity.reserve(session, fence, org_id, settings).lease_id

@@ -94,7 +94,7 @@ def tally(lines: list[bytes], datname: bytes, open_tx: dict[bytes, bool],
         if word not in ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "SET"):
             c["log.statements"] += 1
             c["log.autocommit"] += pid not in open_tx
-            # A one-statement write that turns off its own commit's wait (tasks/fence.py);
+            # A one-statement write that turns off its own commit's wait (tasks/store/fence.py);
             # logged before it runs, so with no xid yet (pg.xids counts its write).
             c["log.autocommit_async"] += pid not in open_tx and \
                 "set_config('synchronous_commit', 'off'" in _whole(text, lines[i + 1:])

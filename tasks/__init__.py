@@ -2,34 +2,69 @@
 
 `celery -A tasks worker` finds the Celery app here; app code uses submit_run(s),
 get_run, cancel_run and run_events, and reads runtime sheets with sheet_rows.
+
+Importing this package reads no setting and opens no connection: the public names load
+their modules on first use, and the Celery app reads its configuration on first use.
 """
 
-from tasks import (
-    celery_metrics,  # noqa: F401  (metrics endpoints of workers and beat)
-    jobs,  # noqa: F401  (registers the Celery tasks)
-)
-from tasks.api import (
-    AttemptView,
-    RunHandle,
-    RunResult,
-    RunView,
-    cancel_run,
-    get_run,
-    list_runs,
-    resolve_run_id,
-    run_again,
-    run_cursor,
-    run_events,
-    submit_run,
-    submit_runs,
-)
-from tasks.app import app
-from tasks.errors import PlayrunError
-from tasks.ledger import Event
-from tasks.sheets.view import SheetRowView, sheet_rows
-from tasks.workreceipts import ReceiptView, clear_receipts, receipts
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from tasks.broker.app import app
+
+if TYPE_CHECKING:
+    from tasks.api import (
+        AttemptView,
+        RunHandle,
+        RunResult,
+        RunView,
+        cancel_run,
+        get_run,
+        list_runs,
+        resolve_run_id,
+        run_again,
+        run_cursor,
+        run_events,
+        submit_run,
+        submit_runs,
+    )
+    from tasks.errors import PlayrunError
+    from tasks.receipts.view import ReceiptView, clear_receipts, receipts
+    from tasks.sheets.view import SheetRowView, sheet_rows
+    from tasks.store.ledger import Event
 
 celery = app
+
+# Public name -> the module that defines it, imported on first access (PEP 562).
+_LAZY = {
+    **dict.fromkeys(
+        ("AttemptView", "RunHandle", "RunResult", "RunView", "cancel_run", "get_run",
+         "list_runs", "resolve_run_id", "run_again", "run_cursor", "run_events",
+         "submit_run", "submit_runs"), "tasks.api"),
+    "PlayrunError": "tasks.errors",
+    "Event": "tasks.store.ledger",
+    "SheetRowView": "tasks.sheets.view",
+    "sheet_rows": "tasks.sheets.view",
+    "ReceiptView": "tasks.receipts.view",
+    "clear_receipts": "tasks.receipts.view",
+    "receipts": "tasks.receipts.view",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "AttemptView",

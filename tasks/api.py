@@ -16,12 +16,10 @@ import redis
 import sqlalchemy as sa
 
 from models import Attempt, Run, db_now
-from tasks import ledger
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
 from tasks.admission.submit import Admitted, admit, admit_many
-from tasks.app import app, send
-from tasks.checks import check_count, check_run_id, check_wait_timeout
+from tasks.broker.app import app, send
 from tasks.constants import (
     CANCELLED,
     CANCELLED_CODE,
@@ -35,15 +33,17 @@ from tasks.constants import (
     TASK_START_ATTEMPT,
     TERMINAL_STATUSES,
 )
-from tasks.db import ensure_schema_once, get_engine, session_scope
 from tasks.errors import RunNotFoundError, RunWaitTimeoutError
-from tasks.fence import lock_run
-from tasks.notify import redis_client
-from tasks.runquery import RunFilter, find_runs
-from tasks.runquery import resolve_run_id as resolve_run_id  # re-exported for app code
-from tasks.runquery import run_cursor as run_cursor
+from tasks.parse.checks import check_count, check_run_id, check_wait_timeout
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_unattended
+from tasks.store import ledger
+from tasks.store.db import ensure_schema_once, get_engine, session_scope
+from tasks.store.fence import lock_run
+from tasks.store.notify import redis_client
+from tasks.store.runquery import RunFilter, find_runs
+from tasks.store.runquery import resolve_run_id as resolve_run_id  # re-exported for app code
+from tasks.store.runquery import run_cursor as run_cursor
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ _OUTCOME = sa.select(Run.status, Run.output, Run.error, Run.code).where(
 
 def _outcome(run_id: str) -> tuple[str, RunResult | None]:
     """The run's status, and its result once terminal: one small read per look."""
-    # Read-only: on SQLite it must not take the write lock (tasks.db).
+    # Read-only: on SQLite it must not take the write lock (tasks.store.db).
     with get_engine().execution_options(playrun_readonly=True).connect() as conn:
         row = conn.execute(_OUTCOME, {"run_id": run_id}).first()
     if row is None:

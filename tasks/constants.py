@@ -146,7 +146,7 @@ KEY_START_HISTORY: Final = f"{KEY_PREFIX}:starthist:"
 START_HISTORY_TTL_S: Final = 2 * 3600
 START_HISTORY_MINUTES: Final = 60
 
-# A pooled PostgreSQL connection idle this long is pinged before use (tasks.db).
+# A pooled PostgreSQL connection idle this long is pinged before use (tasks.store.db).
 PING_IDLE_S: Final = 1.0
 
 # Limits.
@@ -165,7 +165,7 @@ MAX_IDEMPOTENCY_KEY_CHARS: Final = 256  # runs.idempotency_key
 MAX_PLAY_PATH_CHARS: Final = 1024  # runs.play_path
 RUN_ID_PATTERN: Final = r"[0-9a-f]{32}"  # uuid4().hex, what models.base.new_id makes
 MAX_LIST_RUNS: Final = 10_000
-# Run listings and prefixes (tasks/runquery.py): a prefix names a run only from this long.
+# Run listings and prefixes (tasks/store/runquery.py): a prefix names a run only from this long.
 MIN_RUN_ID_PREFIX: Final = 6
 RUN_CODE_PATTERN: Final = r"[A-Z][A-Z0-9_]{0,63}"
 # The operators' dashboard (tasks/dashboard/): page sizes and its self-refresh.

@@ -99,7 +99,7 @@ class Settings(BaseSettings):
     visibility_timeout_s: float = Field(default=3600.0, gt=0)
 
     # A PostgreSQL or Redis connection that answers nothing for this long is dropped as
-    # dead (connect, keepalive and read bounds: tasks/netguard.py), so a half-open
+    # dead (connect, keepalive and read bounds: tasks/store/netguard.py), so a half-open
     # connection after a failover or partition never hangs a worker, beat or the gateway.
     # Waits on a dead connection can come one after another (a worker's broker channel
     # has several), so recovery takes about two or three of these. Raise it on a slow WAN.
@@ -153,6 +153,11 @@ class Settings(BaseSettings):
                 "(PLAYRUN_GATEWAY_URL): sandboxes reach that one",
             )
         return self
+
+    def gateway_listen_address(self) -> tuple[str, int]:
+        """The host and TCP port the gateway listens on, from `gateway_url`."""
+        parts = urlsplit(self.gateway_url)
+        return parts.hostname or "127.0.0.1", parts.port or 8765
 
     def check_for_server(self) -> Settings:
         """Workers and the gateway refuse the development secret on PostgreSQL."""

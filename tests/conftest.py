@@ -34,7 +34,7 @@ SESSION_MARK = "playrun:test-session"
 
 
 def _alive(pid: int) -> bool:
-    # tasks.embedded.pid_alive, copied: importing tasks before BASE_ENV is in the
+    # tasks.cli.embedded.pid_alive, copied: importing tasks before BASE_ENV is in the
     # environment would bind the Celery app to the wrong broker (as in bench/common.py).
     try:
         os.kill(pid, 0)
@@ -183,7 +183,7 @@ def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for the session, migrated to head by Alembic."""
     _drop_orphaned_databases()
     _psql(f'CREATE DATABASE "{PG_NAME}"')
-    from tasks import db
+    from tasks.store import db
 
     db.upgrade(TEST_PG_URL)
     yield TEST_PG_URL
@@ -200,8 +200,8 @@ def die_with_parent() -> None:
 @pytest.fixture
 def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A migrated SQLite database (the embedded default) that this test's code uses."""
-    from tasks import db
     from tasks.settings import reset_settings
+    from tasks.store import db
 
     url = f"sqlite:///{tmp_path / 'playrun.db'}"
     monkeypatch.setenv("PLAYRUN_DATABASE_URL", url)
@@ -282,7 +282,7 @@ class Gateway:
 
     def start(self) -> None:
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "gateway"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "gateway"],
                                      env=self.env, cwd=str(ROOT), stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=die_with_parent)

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 import tasks
 from models import Outbox, db_now
 from tasks.admission.submit import admit
-from tasks.db import session_scope
 from tasks.execution.launch import mark_launching
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
 from tests.conftest import ROOT, Gateway
 from tests.support import must_claim
 from tests.test_gateway import Launched, call

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 
 from models import Outbox, Sheet, SheetRow, SheetWriteIntent, db_now
 from tasks.admission.submit import admit
-from tasks.db import session_scope
 from tasks.execution import runner_client
 from tasks.execution.launch import mark_launching
-from tasks.fence import Fence
-from tasks.gateway import tokens
+from tasks.security import tokens
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence
 from tests.support import must_claim
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,12 +20,12 @@ from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.admission.submit import admit
 from tasks.constants import ATTEMPT_ACTIVE, ATTEMPT_FENCED_OUT, TERMINAL_STATUSES
-from tasks.db import session_scope
 from tasks.execution.launch import record_launch
-from tasks.fence import Fence, LaunchFence
 from tasks.sandbox import SandboxRef
 from tasks.settings import Settings, get_settings
 from tasks.settlement.outcome import Outcome
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence, LaunchFence
 
 ROOT = Path(__file__).resolve().parent.parent
 NOOP = ROOT / "examples" / "plays" / "noop.py"

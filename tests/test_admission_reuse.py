@@ -17,7 +17,7 @@ import sqlalchemy as sa
 import tasks
 from models import PlayBundle, Run
 from tasks.admission import validate
-from tasks.db import session_scope
+from tasks.store.db import session_scope
 from tests.conftest import ROOT
 
 NOOP = (ROOT / "examples" / "plays" / "noop.py").read_text()

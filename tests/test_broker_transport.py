@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from tasks.app import app
-from tasks.broker_transport import Channel, Transport
+from tasks.broker.app import app
+from tasks.broker.transport import Channel, Transport
 
 
 def test_the_app_uses_it_and_a_channel_keeps_one_client_per_pool() -> None:

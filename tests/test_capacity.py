@@ -35,17 +35,17 @@ from tasks.constants import (
     MAX_SQL_INT,
     SUCCEEDED,
 )
-from tasks.db import session_scope
 from tasks.errors import CapacityExceededError, FenceLostError
-from tasks.fence import Fence, hold
 from tasks.maintenance.reaper import _adopt, expire_reservations
 from tasks.release.attempt import release_attempt
 from tasks.release.capacity import release_lease
-from tasks.runtime import provider as runtime_provider
 from tasks.sandbox import SandboxSpec
+from tasks.sandbox.runtime import provider as runtime_provider
 from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence, hold
 from tests.helpers import eventually, kinds
 from tests.support import (
     StubApp,
@@ -119,7 +119,7 @@ def proc_pool(pg_url: str) -> Iterator[ProcessPoolExecutor]:
 
 def _sampler(org_id: str, stop: threading.Event, seen: list[int]) -> None:
     """An operator's `capacity show`, as fast as it can: held leases of the org, sampled live."""
-    from tasks.db import get_engine
+    from tasks.store.db import get_engine
 
     stmt = sa.select(sa.func.count()).select_from(CapacityLease).where(
         CapacityLease.org_id == org_id, CapacityLease.state.in_(capacity.HELD))
@@ -372,7 +372,7 @@ def test_expiry_racing_a_promotion_neither_deadlocks_nor_fails(pg_url: str) -> N
     """The reaper expiring a reservation while its worker promotes it: the worker holds the
     run row (every fenced write locks run, then its rows); the reaper must take the same
     order, or PostgreSQL aborts one side with a deadlock."""
-    from tasks.db import get_engine
+    from tasks.store.db import get_engine
 
     settings = get_settings().model_copy(update={"capacity_reservation_ttl_s": 0.2})
     org_id = org()

@@ -11,13 +11,13 @@ import uuid
 import sqlalchemy as sa
 
 from models import CapacityLease
-from tasks import db
 from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed, claim
 from tasks.admission.submit import admit
 from tasks.errors import CapacityExceededError
-from tasks.fence import hold
 from tasks.settings import get_settings
+from tasks.store import db
+from tasks.store.fence import hold
 from tests.conftest import ROOT, worker_env
 
 
@@ -60,7 +60,7 @@ def test_capacity_cli_set_and_show(pg_url: str) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tasks.cli", "capacity", *args],
+        return subprocess.run([sys.executable, "-m", "tasks.cli.main", "capacity", *args],
                               env={**worker_env(), "COLUMNS": "200"}, cwd=str(ROOT),
                               capture_output=True, text=True, timeout=60)
 

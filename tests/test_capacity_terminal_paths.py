@@ -17,9 +17,9 @@ from tasks.constants import (
     LABEL_RUN,
     RESOURCE_DELETED,
 )
-from tasks.db import session_scope
 from tasks.sandbox import FakeScript, SandboxProvider, get_provider
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
 from tests.helpers import eventually, kinds
 from tests.support import (
     FAST_STARTS,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli_dev import pgdata_dir
+from tasks.cli.dev import pgdata_dir
 from tests.conftest import ROOT
 from tests.helpers import eventually, pids_with_env
 
@@ -30,7 +30,7 @@ def user_env(home: Path) -> dict[str, str]:
 
 
 def playrun(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], env=user_env(home),
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], env=user_env(home),
                           cwd=str(home), capture_output=True, text=True, timeout=120)
 
 
@@ -40,7 +40,7 @@ def test_dev_serves_submit_runs_and_show_from_another_terminal(tmp_path: Path,
     log = tmp_path / "dev.out"
     args = ["dev", "--postgres"] if database == "postgres" else ["dev"]
     with open(log, "wb") as out:
-        dev = subprocess.Popen([sys.executable, "-m", "tasks.cli", *args],
+        dev = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", *args],
                                env=user_env(tmp_path), cwd=str(ROOT), stdout=out,
                                stderr=subprocess.STDOUT)
     try:

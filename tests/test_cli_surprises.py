@@ -1,4 +1,4 @@
-"""The CLI as a new user meets it, through the real `python -m tasks.cli`: a default input
+"""The CLI as a new user meets it, through the real `python -m tasks.cli.main`: a default input
 of `{}`, a hint when no worker answers, a fast coded failure when Redis or the database
 does not, a live status line only on a terminal, and `show` as a timeline."""
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.cli.embedded import Stack, free_port
 from tasks.constants import CLI_NO_WORKER_HINT_S
-from tasks.embedded import Stack, free_port
 from tests.conftest import ROOT
 
 HELLO = ROOT / "examples" / "plays" / "hello.py"
@@ -34,7 +34,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], env=env, cwd=str(ROOT),
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], env=env, cwd=str(ROOT),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -49,7 +49,7 @@ def one_error_line(proc: subprocess.CompletedProcess[str], code: str) -> str:
 def sqlite_env(tmp: Path, **extra: str) -> dict[str, str]:
     env = clean_env(**{"HOME": str(tmp), "PLAYRUN_DATABASE_URL": f"sqlite:///{tmp / 'playrun.db'}",
                        "PLAYRUN_SANDBOX_ROOT": str(tmp / "sandboxes"), **extra})
-    subprocess.run([sys.executable, "-m", "tasks.cli", "db", "upgrade"], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "tasks.cli.main", "db", "upgrade"], env=env, check=True,
                    cwd=str(ROOT), capture_output=True)
     return env
 
@@ -112,7 +112,7 @@ def test_show_prints_attempts_and_the_ledger_as_a_timeline(with_worker: dict[str
 
 
 def test_submit_wait_with_no_worker_says_so_and_keeps_waiting(no_worker: dict[str, str]) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "submit", str(HELLO), "--wait",
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "submit", str(HELLO), "--wait",
                              "--timeout", str(CLI_NO_WORKER_HINT_S + 15)],
                             env=no_worker, cwd=str(ROOT), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -136,7 +136,8 @@ def test_submit_wait_with_no_worker_says_so_and_keeps_waiting(no_worker: dict[st
 
 
 def test_the_status_line_shows_on_a_terminal_only(no_worker: dict[str, str]) -> None:
-    args = [sys.executable, "-m", "tasks.cli", "submit", str(HELLO), "--wait", "--timeout", "2"]
+    args = [sys.executable, "-m", "tasks.cli.main", "submit", str(HELLO), "--wait",
+            "--timeout", "2"]
     piped = subprocess.run(args, env=no_worker, cwd=str(ROOT), capture_output=True, text=True,
                            timeout=60)
     assert "\x1b[" not in piped.stderr and "events," not in piped.stderr

@@ -3,7 +3,7 @@ stderr and exit status 2, never a traceback; a good one still does its job.
 
 The fuzz runs in-process with typer's CliRunner, with the setters replaced by
 recorders (a fuzzed good value must not change the fleet's policy mid-session);
-a few real `python -m tasks.cli` processes and real good values close the loop.
+a few real `python -m tasks.cli.main` processes and real good values close the loop.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typer.testing import CliRunner, Result
 
 from tasks.acquisition import capacity, policy
 from tasks.admission.validate import parse_input_text
-from tasks.cli import app
-from tasks.db import session_scope
-from tasks.durations import parse_duration
+from tasks.cli.main import app
 from tasks.errors import InputInvalidError
 from tasks.maintenance import gc
+from tasks.parse.durations import parse_duration
+from tasks.store.db import session_scope
 from tests.conftest import ROOT, worker_env
 
 YEAR = 365 * 86400.0
@@ -317,7 +317,7 @@ def test_good_values_still_work_for_real(pg_url: str) -> None:
     (["show", "\udcff"], "RUN_NOT_FOUND"),  # what Linux hands Python for the byte 0xff
 ])
 def test_the_real_command_prints_one_line(pg_url: str, args: list[str], code: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli", *args], env=worker_env(),
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], env=worker_env(),
                           cwd=str(ROOT), capture_output=True, timeout=60)
     stderr = proc.stderr.decode(errors="replace")
     assert proc.returncode == 2, stderr

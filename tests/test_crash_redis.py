@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tasks
-from tasks.embedded import Stack
+from tasks.cli.embedded import Stack
 from tests.conftest import PLAYS, ROOT, Worker, worker_env
 from tests.helpers import eventually, kinds
 from tests.support import FAST_RECOVERY
@@ -79,7 +79,7 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 
 
 def submit(env: dict[str, str], play: Path, input: str, *, broker_up: bool = True) -> str:
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "submit", str(play), "--input",
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", "submit", str(play), "--input",
                            input, "--org", f"org-{uuid.uuid4().hex[:6]}"], env=env,
                           cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     if broker_up:

@@ -54,7 +54,7 @@ def dashboard(worker: Worker) -> Iterator[str]:
     port = free_port()
     log_path = Path(tempfile.mktemp(prefix="playrun-dashboard-", suffix=".log"))
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "dashboard"],
+        proc = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "dashboard"],
                                 env=_dashboard_env(PLAYRUN_DASHBOARD_ADDR=f"127.0.0.1:{port}"),
                                 cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=die_with_parent)
@@ -266,7 +266,7 @@ def test_the_dashboard_refuses_to_start_unsafely(pg_url: str, extra: dict[str, s
     if env.get("PLAYRUN_DASHBOARD_TOKEN") == "":
         del env["PLAYRUN_DASHBOARD_TOKEN"]
     began = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "dashboard"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", "dashboard"], env=env,
                           cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.startswith("error CONFIG_INVALID:") and message in proc.stderr
@@ -276,7 +276,7 @@ def test_the_dashboard_refuses_to_start_unsafely(pg_url: str, extra: dict[str, s
 def test_on_sqlite_without_a_token_it_makes_one_and_prints_it(sqlite_db: str) -> None:
     port = free_port()
     env = worker_env(PLAYRUN_DATABASE_URL=sqlite_db, PLAYRUN_DASHBOARD_ADDR=f"127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "dashboard"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "dashboard"], env=env,
                             cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=die_with_parent)
     try:

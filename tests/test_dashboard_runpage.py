@@ -12,10 +12,10 @@ from models import RunEvent
 from tasks.acquisition import deferral
 from tasks.constants import EV_STEP_COMPLETED, EV_STEP_REUSED
 from tasks.dashboard.runpage import FailureClass, SheetPanel, failure_class, run_page
-from tasks.db import session_scope
 from tasks.errors import RunNotFoundError
 from tasks.settings import get_settings
 from tasks.sheets import store
+from tasks.store.db import session_scope
 from tests.support import StubApp, close_open_runs, must_claim, new_run
 
 ORG_PREFIX = "dpg-"

@@ -1,4 +1,4 @@
-"""tasks.db.driver_cursor: the hot one-statement writes on a psycopg cursor, with
+"""tasks.store.db.driver_cursor: the hot one-statement writes on a psycopg cursor, with
 SQLAlchemy's errors and a pool that drops a connection that broke."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from tasks import db
+from tasks.store import db
 
 
 def _bundle(digest: str) -> None:

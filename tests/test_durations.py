@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.durations import DurationInvalidError, parse_duration
 from tasks.errors import InputInvalidError, PlayrunError
+from tasks.parse.durations import DurationInvalidError, parse_duration
 
 YEAR = 365 * 86400
 

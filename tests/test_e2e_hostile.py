@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 import tasks
-from tasks.runtime import provider
+from tasks.sandbox.runtime import provider
 from tests.conftest import PLAYS, Worker
 from tests.helpers import eventually, kinds
 

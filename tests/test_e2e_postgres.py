@@ -150,7 +150,7 @@ def test_the_same_start_delivered_twice_runs_the_play_once(worker: Worker) -> No
 
 def _outbox_id(run_id: str) -> str | None:
     from models import Outbox
-    from tasks.db import session_scope
+    from tasks.store.db import session_scope
 
     with session_scope() as s:
         return s.scalar(sa.select(Outbox.id).where(Outbox.run_id == run_id))

@@ -19,9 +19,9 @@ from models import Attempt, db_now
 from tasks.acquisition.claim import Claimed, claim
 from tasks.acquisition.start import Opened, Step, acquire_sandbox, open_attempt
 from tasks.constants import KEY_START_RATE
-from tasks.db import session_scope
 from tasks.execution.launch import record_launch
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
 from tests.conftest import PLAYS, ROOT, Worker, _psql, pg_database, worker_env
 from tests.helpers import eventually, kinds
 from tests.support import FAST_RECOVERY, HOST_FILES
@@ -90,7 +90,7 @@ def test_a_worker_lost_between_launch_record_and_exec_is_retried_not_lost(
     opened = open_attempt(handle.id, settings)
     assert isinstance(opened, Opened)
     claimed = opened.claimed
-    acquired = acquire_sandbox(opened, settings, tasks.app)
+    acquired = acquire_sandbox(opened, settings, tasks.broker.app)
     assert acquired.step == Step.LIVE and acquired.ref is not None
     # The sandbox recorded live and the launch recorded, and then it died before exec.
     assert record_launch(claimed.fence, settings, acquired.ref, acquired.lease_id) is not None

@@ -16,9 +16,9 @@ import tasks
 from models import Outbox
 from tasks.acquisition import policy
 from tasks.acquisition.startrate import StartRateLimiter, rules_for
-from tasks.db import session_scope
 from tasks.sandbox import FakeScript
 from tasks.settings import Settings
+from tasks.store.db import session_scope
 from tests.conftest import ROOT, SANDBOX_ROOT, TEST_REDIS_URL, Worker, worker_env
 from tests.helpers import eventually, kinds
 
@@ -61,7 +61,7 @@ def deferrals(run_id: str) -> list[dict[str, object]]:
 
 def test_policy_cli_hold_throttle_normal_and_bad_input(pg_url: str) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tasks.cli", "policy", *args],
+        return subprocess.run([sys.executable, "-m", "tasks.cli.main", "policy", *args],
                               env=worker_env(), cwd=str(ROOT), capture_output=True, text=True,
                               timeout=60)
 

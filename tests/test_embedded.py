@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.embedded import Stack
+from tasks.cli.embedded import Stack
 from tests.conftest import PLAYS, ROOT
 from tests.helpers import pids_with_env
 
@@ -26,7 +26,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def test_playrun_demo_runs_the_sample_play_and_stops_everything(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "demo"], cwd=str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", "demo"], cwd=str(tmp_path),
                           env=clean_env(HOME=str(tmp_path), COLUMNS="80"),
                           capture_output=True, text=True, timeout=180)
     out = proc.stdout + proc.stderr
@@ -68,7 +68,7 @@ def sqlite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     try:
         stack.start_redis()
         env = clean_env(**stack.env)
-        subprocess.run([sys.executable, "-m", "tasks.cli", "db", "upgrade"], env=env,
+        subprocess.run([sys.executable, "-m", "tasks.cli.main", "db", "upgrade"], env=env,
                        check=True, cwd=str(ROOT), capture_output=True)
         stack.start_gateway()
         stack.start_celery("worker", "--concurrency=2")
@@ -79,7 +79,7 @@ def sqlite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
 
 def submit(env: dict[str, str], play: Path, input: str = "{}") -> dict[str, object]:
     proc = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "submit", str(play), "--input", input, "--org",
+        [sys.executable, "-m", "tasks.cli.main", "submit", str(play), "--input", input, "--org",
          "embedded", "--wait", "--timeout", "90"],
         env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
@@ -103,7 +103,7 @@ def test_failures_carry_codes_on_sqlite(sqlite_stack: dict[str, str], play: str,
 
 def test_cli_bad_input_is_a_clear_error(sqlite_stack: dict[str, str]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "submit", str(PLAYS / "raises.py"), "--input",
+        [sys.executable, "-m", "tasks.cli.main", "submit", str(PLAYS / "raises.py"), "--input",
          "{not json", "--org", "embedded"],
         env=sqlite_stack, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
@@ -111,7 +111,7 @@ def test_cli_bad_input_is_a_clear_error(sqlite_stack: dict[str, str]) -> None:
 
 
 def test_cli_show_unknown_run(sqlite_stack: dict[str, str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "show", "nope"],
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", "show", "nope"],
                           env=sqlite_stack, cwd=str(ROOT), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "RUN_NOT_FOUND" in proc.stderr

@@ -30,15 +30,15 @@ from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed, Skipped
 from tasks.acquisition.sandbox import note_requested, record_live
 from tasks.constants import FAILED, SUCCEEDED
-from tasks.db import session_scope
 from tasks.errors import FenceLostError
 from tasks.execution.launch import record_launch
-from tasks.fence import Fence, hold, renew
 from tasks.maintenance.reaper import _adopt
 from tasks.sandbox import SandboxRef
 from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle, settle_launch, settle_unattended
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence, hold, renew
 from tests.support import (
     ORG_PREFIX,
     TERMINAL_EVENTS,

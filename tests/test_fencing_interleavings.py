@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from models import Attempt, db_now
 from tasks.acquisition.claim import Claimed
 from tasks.constants import ATTEMPT_ACTIVE, FAILED, SUCCEEDED, TERMINAL_STATUSES
-from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import Fence, hold, renew
 from tasks.maintenance.reaper import _adopt
 from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence, hold, renew
 from tests.support import (
     ORG_PREFIX,
     TERMINAL_EVENTS,

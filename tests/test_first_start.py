@@ -20,8 +20,8 @@ from tasks.acquisition.claim import Claimed, Skip, Skipped, claim
 from tasks.acquisition.first_start import FirstStart, first_start
 from tasks.acquisition.start import Opened, open_attempt
 from tasks.constants import ATTEMPT_ACTIVE, EV_ATTEMPT_STARTED, EV_CAPACITY_OVERRUN, RUNNING
-from tasks.db import session_scope
 from tasks.settings import Settings, get_settings
+from tasks.store.db import session_scope
 from tests.helpers import kinds
 from tests.support import closes_open_runs, held, new_run, org_namer, snapshot
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import tasks
 from models import Attempt
 from tasks.constants import TASK_RELEASE_ATTEMPT, TASK_RELEASE_ATTEMPTS, TASK_START_ATTEMPT
-from tasks.db import session_scope
+from tasks.store.db import session_scope
 from tests.conftest import ROOT, Worker, free_port, worker_env
 from tests.helpers import eventually
 from tests.metrics_support import Proc, flower

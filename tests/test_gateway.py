@@ -16,11 +16,11 @@ import sqlalchemy as sa
 
 import tasks
 from models import Attempt, db_now
-from tasks.db import session_scope
 from tasks.execution.launch import mark_launching
-from tasks.fence import Fence
-from tasks.gateway import tokens
+from tasks.security import tokens
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence
 from tests.conftest import ROOT, Gateway, free_port, worker_env
 from tests.support import must_claim, new_run, supersede
 
@@ -224,7 +224,7 @@ def test_invalid_json_and_huge_bodies_are_refused(gateway: Gateway) -> None:
 def test_the_gateway_refuses_the_development_secret_on_postgres(pg_url: str) -> None:
     env = worker_env(PLAYRUN_GATEWAY_URL=f"http://127.0.0.1:{free_port()}")
     env.pop("PLAYRUN_SECRET_KEY")
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "gateway"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", "gateway"], env=env,
                           cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "CONFIG_INVALID" in proc.stderr and "PLAYRUN_SECRET_KEY" in proc.stderr

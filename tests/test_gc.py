@@ -21,14 +21,14 @@ from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed
 from tasks.acquisition.sandbox import labels_for, record_for_cleanup, record_live
 from tasks.constants import LABEL_GENERATION, LABEL_MANAGED, LABEL_RUN, SUCCEEDED
-from tasks.db import session_scope
-from tasks.fence import Fence, hold
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec, get_provider
 from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence, hold
 from tests.conftest import ROOT, worker_env
 from tests.support import (
     closes_open_runs,
@@ -167,7 +167,7 @@ def test_gc_deletes_what_nothing_current_owns_and_keeps_the_rest(
 
 def _gc_cli(root: Path, *args: str) -> str:
     env = worker_env(PLAYRUN_SANDBOX_PROVIDER="local", PLAYRUN_SANDBOX_ROOT=str(root))
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "gc", *args], env=env,
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", "gc", *args], env=env,
                           cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout

@@ -21,7 +21,7 @@ import tasks
 from bench.chaoslib import partition
 from bench.chaoslib.partition import Partition
 from bench.chaoslib.proxy import Proxy
-from tasks.netguard import pg_connect_args, redis_socket_options
+from tasks.store.netguard import pg_connect_args, redis_socket_options
 from tests.conftest import BASE_ENV, ROOT, Worker, worker_env
 from tests.helpers import eventually
 

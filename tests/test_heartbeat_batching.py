@@ -12,11 +12,11 @@ import sqlalchemy as sa
 
 import tasks
 from models import Attempt, db_now
-from tasks.db import get_engine, session_scope
 from tasks.execution.launch import mark_launching
-from tasks.fence import LaunchFence
 from tasks.gateway.beats import BeatAnswer, BeatBatcher
 from tasks.settings import get_settings
+from tasks.store.db import get_engine, session_scope
+from tasks.store.fence import LaunchFence
 from tests.support import ORG_PREFIX, close_open_runs, must_claim, new_run
 
 

@@ -15,8 +15,8 @@ import tasks
 from models import Attempt, db_now
 from tasks.acquisition import policy
 from tasks.acquisition.claim import Claimed, claim
-from tasks.db import session_scope
 from tasks.maintenance.held import held_runs, note_done, note_held, take_held
+from tasks.store.db import session_scope
 from tests.conftest import ROOT, TEST_REDIS_URL, Worker, worker_env
 from tests.helpers import eventually
 from tests.support import FAST_RECOVERY
@@ -108,7 +108,7 @@ def test_a_restarted_worker_hands_on_a_launch_whose_runner_never_started(pg_url:
     hands it to the reaper when it starts again, and the run succeeds in seconds."""
     from tasks.acquisition.sandbox import create
     from tasks.execution.launch import record_launch
-    from tasks.runtime import provider
+    from tasks.sandbox.runtime import provider
     from tasks.settings import get_settings
 
     name = f"exec{uuid.uuid4().hex[:6]}@test"

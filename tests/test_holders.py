@@ -12,12 +12,12 @@ import tasks
 from models import Attempt
 from tasks.acquisition import deferral
 from tasks.acquisition.claim import Claimed
-from tasks.db import session_scope
 from tasks.execution.launch import mark_launching
-from tasks.fence import Fence
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.release.attempt import release_attempt
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence
 from tests.helpers import eventually, kinds
 from tests.support import StubApp, claim_now, lease, must_claim, new_run, reserve
 

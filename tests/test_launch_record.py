@@ -12,12 +12,12 @@ import pytest
 import sqlalchemy as sa
 
 from models import Attempt, CapacityLease, Run, RuntimeResource, db_now
-from tasks.db import session_scope
 from tasks.errors import FenceLostError
 from tasks.execution.launch import record_launch
-from tasks.fence import Fence
 from tasks.sandbox import SandboxRef
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence
 from tests.support import ORG_PREFIX, close_open_runs, event_kinds, must_claim, new_run, reserve
 
 

@@ -10,9 +10,9 @@ import sqlalchemy as sa
 
 from models import CapacityLease, Outbox, db_now, new_id
 from tasks.admission import relay
-from tasks.app import app
-from tasks.db import session_scope
+from tasks.broker.app import app
 from tasks.maintenance.reaper import expire_reservations
+from tasks.store.db import session_scope
 from tests.support import close_open_runs, new_run
 
 ORG = "batches-"

@@ -21,8 +21,8 @@ from prometheus_client import REGISTRY
 
 import tasks
 from tasks.acquisition.startrate import StartRateLimiter, rules_for
-from tasks.gateway import tokens
 from tasks.sandbox import FakeScript
+from tasks.security import tokens
 from tasks.settings import Settings, get_settings
 from tests.conftest import (
     GATEWAY_DIR,

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
 from models import CapacityLease
-from tasks import metrics
 from tasks.acquisition import capacity
+from tasks.broker.taskrepr import shown
 from tasks.constants import (
     LEASE_HELD,
     SUCCEEDED,
@@ -22,14 +22,14 @@ from tasks.constants import (
     TASK_RELEASE_ATTEMPTS,
     TASK_START_ATTEMPT,
 )
-from tasks.db import after_commit, session_scope
 from tasks.errors import ConfigurationError
 from tasks.gateway import observe
 from tasks.maintenance.state_metrics import StateCollector
+from tasks.observe import metrics
 from tasks.settings import Settings, get_settings, parse_addr
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
-from tasks.taskrepr import shown
+from tasks.store.db import after_commit, session_scope
 from tests.support import close_open_runs, must_claim, new_run, reserve
 
 ORGS = "mu-"

@@ -15,8 +15,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from models import Base
-from tasks import db
 from tasks.errors import SchemaNotCurrentError
+from tasks.store import db
 from tests.conftest import _psql, pg_database
 
 

@@ -18,9 +18,9 @@ import sqlalchemy as sa
 import tasks
 from models import TrafficPolicy, db_now
 from tasks.acquisition import permits, policy
-from tasks.db import session_scope
 from tasks.errors import PolicyInvalidError
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
 from tests.conftest import Worker
 from tests.support import HELLO
 

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 import tasks
 from models import Attempt, Run, WorkReceipt, db_now
 from tasks.acquisition import capacity
-from tasks.db import session_scope
+from tasks.store.db import session_scope
 from tests.conftest import PLAYS, Worker, worker_env
 from tests.helpers import eventually, kinds
 from tests.support import FAST_STARTS, HOST_FILES, close_open_runs, supersede

@@ -14,14 +14,14 @@ import sqlalchemy as sa
 
 import tasks
 from models import Attempt, db_now
-from tasks.db import session_scope
 from tasks.execution import runner_client, runner_steps
-from tasks.gateway import tokens
 from tasks.gateway.actions import steps as step_actions
 from tasks.gateway.actions.base import Context
 from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.releases import ReleaseBatcher
+from tasks.security import tokens
 from tasks.settings import get_settings
+from tasks.store.db import session_scope
 from tests.conftest import Gateway
 from tests.helpers import eventually
 from tests.receipt_support import (

@@ -14,12 +14,12 @@ import sqlalchemy as sa
 
 import tasks
 from models import WorkReceipt
-from tasks.db import session_scope
 from tasks.errors import InputInvalidError
 from tasks.release.attempt import release_attempt
 from tasks.release.receipts import release_orphans, release_receipts
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_forced
+from tasks.store.db import session_scope
 from tests.conftest import ROOT, Gateway, worker_env
 from tests.receipt_support import (
     HELLO,
@@ -116,7 +116,7 @@ def test_bad_arguments_are_refused(pg_url: str, args: tuple[Any, ...],
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", "receipts", *args],
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", "receipts", *args],
                           env=worker_env(COLUMNS="250"), cwd=str(ROOT), capture_output=True,
                           text=True, timeout=60)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.embedded import Stack
+from tasks.cli.embedded import Stack
 from tests.conftest import PLAYS, ROOT
 from tests.test_embedded import clean_env
 
@@ -25,7 +25,7 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     try:
         stack.start_redis()
         env = clean_env(**stack.env)
-        subprocess.run([sys.executable, "-m", "tasks.cli", "db", "upgrade"], env=env,
+        subprocess.run([sys.executable, "-m", "tasks.cli.main", "db", "upgrade"], env=env,
                        check=True, cwd=str(ROOT), capture_output=True)
         stack.start_gateway()
         # Process isolation: the side-effect counter is a file on the host.
@@ -44,7 +44,7 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], env={**env,
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], env={**env,
                           "COLUMNS": "250"}, cwd=str(ROOT), capture_output=True, text=True,
                           timeout=150)
 

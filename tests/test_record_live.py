@@ -10,13 +10,13 @@ import pytest
 import sqlalchemy as sa
 
 from models import CapacityLease, RuntimeResource
-from tasks import ledger
 from tasks.acquisition import capacity
 from tasks.acquisition.sandbox import record_live
-from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import Fence
 from tasks.sandbox import SandboxRef
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence
 from tests.support import must_claim, new_run, reserve
 
 

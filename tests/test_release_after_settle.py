@@ -11,11 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 from models import CapacityLease, RuntimeResource, WorkReceipt
-from tasks.db import session_scope
-from tasks.fence import LaunchFence
 from tasks.release.attempt import release_attempt
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
+from tasks.store.db import session_scope
+from tasks.store.fence import LaunchFence
 from tests.support import ORG_PREFIX, close_open_runs, event_kinds, launched
 
 

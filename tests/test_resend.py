@@ -12,9 +12,9 @@ import sqlalchemy as sa
 import tasks
 from models import Outbox
 from tasks.admission import broker, relay
-from tasks.app import app
+from tasks.broker.app import app
 from tasks.constants import QUEUE
-from tasks.db import session_scope
+from tasks.store.db import session_scope
 from tests.conftest import ROOT
 from tests.support import close_open_runs
 

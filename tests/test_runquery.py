@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 import tasks
 from models import PlayBundle, Run
-from tasks.db import session_scope
 from tasks.errors import InputInvalidError, RunIdAmbiguousError, RunNotFoundError
+from tasks.store.db import session_scope
 from tests.conftest import ROOT, worker_env
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)  # ms: SQLite keeps milliseconds
@@ -138,7 +138,7 @@ def test_a_unique_prefix_resolves_and_ambiguous_or_missing_ones_are_refused(
 
 def _cli(*args: str, env: dict[str, str] | None = None, columns: int = 80
          ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], cwd=str(ROOT),
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=str(ROOT),
                           env={**(env or worker_env()), "COLUMNS": str(columns)},
                           capture_output=True, text=True, timeout=60)
 

@@ -11,12 +11,12 @@ import pytest
 import sqlalchemy as sa
 
 from models import Attempt, Run, db_now
-from tasks import ledger
-from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import LaunchFence
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import LaunchFence
 from tests.support import ORG_PREFIX, close_open_runs, launched
 
 

@@ -13,10 +13,10 @@ import sqlalchemy as sa
 import tasks
 from models import Attempt, db_now
 from tasks.constants import SUCCEEDED
-from tasks.db import session_scope
 from tasks.release.finish import finish
 from tasks.settlement.outcome import Outcome, from_result
 from tasks.settlement.terminal import settle
+from tasks.store.db import session_scope
 from tests.support import lease, must_claim, new_run, reserve
 
 
@@ -63,7 +63,7 @@ def test_nan_and_infinity_are_not_json() -> None:
 
 
 def test_the_upgrade_gives_rows_in_flight_their_holder(tmp_path: Path) -> None:
-    from tasks import db
+    from tasks.store import db
 
     url = f"sqlite:///{tmp_path / 'mig.db'}"
     db.upgrade(url, "0001")

@@ -30,9 +30,9 @@ from tasks.execution.runner_sheets import (
 from tasks.execution.runner_sheets import (
     Sheet as SheetClient,
 )
-from tasks.fence import Fence
-from tasks.gateway import tokens
+from tasks.security import tokens
 from tasks.settings import Settings
+from tasks.store.fence import Fence
 from tests.conftest import Gateway
 from tests.helpers import eventually
 from tests.sheet_support import (

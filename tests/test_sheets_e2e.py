@@ -70,7 +70,7 @@ def test_a_play_fills_a_5000_row_sheet_across_pages(
 
 def playrun(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**worker_env(), "COLUMNS": "200", "TERM": "dumb"}
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], env=env, cwd=str(ROOT),
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], env=env, cwd=str(ROOT),
                           capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -12,10 +12,10 @@ import pytest
 import sqlalchemy as sa
 
 from models import Sheet, SheetRow, SheetWriteIntent
-from tasks.db import session_scope
 from tasks.execution import runner_client
-from tasks.gateway import tokens
+from tasks.security import tokens
 from tasks.sheets import store
+from tasks.store.db import session_scope
 from tests.conftest import Gateway
 from tests.sheet_support import (
     ORG_PREFIX,

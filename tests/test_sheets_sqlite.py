@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from models import PlayBundle, Run
-from tasks import db
-from tasks.db import session_scope
 from tasks.errors import SheetWriteVersionMismatchError
 from tasks.sheets import store
+from tasks.store import db
+from tasks.store.db import session_scope
 
 
 @pytest.fixture

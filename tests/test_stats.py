@@ -8,10 +8,10 @@ import sys
 import uuid
 
 from tasks.acquisition import capacity, deferral
-from tasks.db import session_scope
-from tasks.fence import hold
+from tasks.maintenance.stats import collect
 from tasks.settings import get_settings
-from tasks.stats import collect
+from tasks.store.db import session_scope
+from tasks.store.fence import hold
 from tests.conftest import ROOT, worker_env
 from tests.support import StubApp, must_claim, new_run
 
@@ -32,7 +32,7 @@ def test_overruns_deferrals_and_held_leases_are_counted(pg_url: str) -> None:
     assert after.leases_held_by_org.get(org) == 1
     assert after.deferrals_by_cause.get("throttle", 0) == \
         before.deferrals_by_cause.get("throttle", 0) + 1
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli", "stats", "--since", "1h"],
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", "stats", "--since", "1h"],
                           env=worker_env(), cwd=str(ROOT), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -18,10 +18,10 @@ import tasks
 from models import Outbox, Run, RunEvent
 from tasks.admission import broker, relay
 from tasks.admission.submit import admit
-from tasks.app import app
+from tasks.broker.app import app
 from tasks.constants import TASK_START_ATTEMPT
-from tasks.db import session_scope
 from tasks.errors import PlayrunError
+from tasks.store.db import session_scope
 from tests.conftest import ROOT, Worker
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"

@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 
 import tasks
 from models import CapacityLease, Run
-from tasks import untrusted
 from tasks.constants import MAX_RESULT_FILE_BYTES
-from tasks.db import session_scope
 from tasks.errors import DocumentInvalidError
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.maintenance.trouble import MAX_PASSES, note_failure
+from tasks.parse import untrusted
 from tasks.settlement.outcome import Outcome, from_result
 from tasks.settlement.terminal import settle
+from tasks.store.db import session_scope
 from tests.support import must_claim, new_run, reserve
 
 # --- the reader alone ---------------------------------------------------------------

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 import tasks
 from models import Outbox, Run, db_now
-from tasks import checks
 from tasks.admission import validate
 from tasks.admission.submit import admit
-from tasks.db import session_scope
 from tasks.errors import InputInvalidError, PlayInvalidError, PlayrunError, RunNotFoundError
+from tasks.parse import checks
+from tasks.store.db import session_scope
 from tests.support import HELLO, NOOP, close_open_runs
 
 ORG_PREFIX = "val-"

@@ -3,7 +3,7 @@ while every prefetch slot is busy or the broker is down."""
 
 from __future__ import annotations
 
-from tasks.watchdog import Judge
+from tasks.worker.watchdog import Judge
 
 
 def test_pings_arriving_is_ok() -> None:

@@ -1,4 +1,4 @@
-"""Alembic environment: the connection comes from the caller (tasks.db.migrations)."""
+"""Alembic environment: the connection comes from the caller (tasks.store.db.migrations)."""
 
 from __future__ import annotations
 

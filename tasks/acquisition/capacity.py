@@ -17,8 +17,6 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import CapacityLease, CapacityOrg, db_now, new_id
-from tasks import ledger
-from tasks.checks import check_count, check_org_id
 from tasks.constants import (
     CAPACITY_EXCEEDED_MESSAGE,
     EV_CAPACITY_OVERRUN,
@@ -27,10 +25,12 @@ from tasks.constants import (
     LEASE_RELEASED,
     LEASE_RESERVED,
 )
-from tasks.db import is_postgres, session_scope
 from tasks.errors import CapacityExceededError, FenceLostError
-from tasks.fence import HELD_SQL, Fence, fence_params, hold
+from tasks.parse.checks import check_count, check_org_id
 from tasks.settings import Settings
+from tasks.store import ledger
+from tasks.store.db import is_postgres, session_scope
+from tasks.store.fence import HELD_SQL, Fence, fence_params, hold
 
 RESERVED = LEASE_RESERVED
 LIVE = LEASE_LIVE

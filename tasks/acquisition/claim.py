@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from models import Attempt, PlayBundle, Run, RunEvent, db_now, new_id
-from tasks import ledger
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     ATTEMPT_DEFERRED,
@@ -24,8 +23,9 @@ from tasks.constants import (
     RUNNING,
     TERMINAL_STATUSES,
 )
-from tasks.db import session_scope
-from tasks.fence import Fence
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence
 
 
 class Skip(enum.StrEnum):

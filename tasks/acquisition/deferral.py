@@ -14,7 +14,6 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Outbox, Run, db_now
-from tasks import ledger, metrics
 from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
 from tasks.admission.submit import enqueue_start
 from tasks.constants import (
@@ -28,14 +27,16 @@ from tasks.constants import (
     START_DEFERRAL_EXHAUSTED,
     TASK_START_ATTEMPT,
 )
-from tasks.db import session_scope
-from tasks.fence import Fence, hold
-from tasks.notify import run_settled
+from tasks.observe import metrics
 from tasks.release.attempt import release_attempt
 from tasks.release.sandboxes import release_sandboxes
 from tasks.settings import Settings
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import write_terminal
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence, hold
+from tasks.store.notify import run_settled
 
 log = logging.getLogger("playrun.deferral")
 

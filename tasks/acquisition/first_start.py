@@ -22,8 +22,8 @@ from tasks.constants import (
     RUNNING,
     TERMINAL_STATUSES,
 )
-from tasks.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
-from tasks.fence import Fence
+from tasks.store.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
+from tasks.store.fence import Fence
 
 # Generation 1 of a run no attempt ever opened. The run row is locked (SKIP LOCKED, as the
 # general claim), so of any number of duplicate deliveries one matches and the rest fall

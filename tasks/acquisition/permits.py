@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tasks import metrics
 from tasks.acquisition import starthistory
 from tasks.acquisition.policy import THROTTLE, Policy
 from tasks.acquisition.startrate import Permit, StartRateLimiter, rules_for
-from tasks.notify import redis_client
+from tasks.observe import metrics
 from tasks.settings import Settings, get_settings
+from tasks.store.notify import redis_client
 
 
 @dataclass(frozen=True)

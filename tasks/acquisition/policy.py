@@ -20,10 +20,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import TrafficPolicy, db_now
-from tasks.checks import check_note, check_rate, check_seconds
 from tasks.constants import MAX_DURATION_S, MAX_STARTS_PER_MINUTE
-from tasks.db import session_scope
 from tasks.errors import PolicyInvalidError
+from tasks.parse.checks import check_note, check_rate, check_seconds
+from tasks.store.db import session_scope
 
 __all__ = ["HOLD", "NORMAL", "THROTTLE", "Policy", "PolicyInvalidError", "PolicyRow", "current",
            "current_pg", "read", "set_policy"]

@@ -18,7 +18,6 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, RuntimeResource, db_now, new_id
-from tasks import ledger
 from tasks.acquisition.claim import Claimed
 from tasks.constants import (
     EV_SANDBOX_LIVE,
@@ -37,12 +36,13 @@ from tasks.constants import (
     RUNNER_SHEETS_FILE,
     RUNNER_STEPS_FILE,
 )
-from tasks.db import is_postgres, session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import Fence, append_if_current, hold, renew
-from tasks.runtime import host_queue
 from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec
+from tasks.sandbox.runtime import host_queue
 from tasks.settings import Settings, get_settings
+from tasks.store import ledger
+from tasks.store.db import is_postgres, session_scope
+from tasks.store.fence import Fence, append_if_current, hold, renew
 
 log = logging.getLogger("playrun.acquisition")
 

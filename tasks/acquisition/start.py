@@ -4,7 +4,7 @@ Every failure here is pre-code: hold, throttle and provider pushback defer the
 attempt (bounded); a full org is a terminal SANDBOX_CAPACITY_EXCEEDED; auth and
 unknown provider errors end the run SANDBOX_START_FAILED. Acquisition stops once the
 provider has made the sandbox: the launch records it live (tasks/execution/launch.py, one
-transaction with the launch record), and what ends a run is the caller's (tasks/jobs.py).
+transaction with the launch record), and what ends a run is the caller's (tasks/worker/jobs.py).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from tasks.acquisition.deferral import defer
 from tasks.acquisition.first_start import first_start
 from tasks.acquisition.sandbox import create
 from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, SANDBOX_START_FAILED
-from tasks.db import driver_cursor, session_scope
 from tasks.errors import CapacityExceededError
-from tasks.runtime import provider as provider_for
-from tasks.runtime import worker_id
 from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
+from tasks.sandbox.runtime import provider as provider_for
+from tasks.sandbox.runtime import worker_id
 from tasks.settings import Settings
+from tasks.store.db import driver_cursor, session_scope
 
 log = logging.getLogger("playrun.start")
 

@@ -29,8 +29,8 @@ from redis.exceptions import RedisError
 from tasks.acquisition.startrate import Penalty, Permit
 from tasks.acquisition.startrate.bucket import no_retry_client
 from tasks.constants import KEY_START_HISTORY, START_HISTORY_MINUTES, START_HISTORY_TTL_S
-from tasks.notify import redis_client
 from tasks.settings import get_settings
+from tasks.store.notify import redis_client
 
 log = logging.getLogger("playrun.starthistory")
 

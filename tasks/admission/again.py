@@ -9,12 +9,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from models import Run
-from tasks import ledger, metrics
 from tasks.admission.submit import Admitted, enqueue_start
-from tasks.checks import check_idempotency_key, check_run_id
 from tasks.constants import EV_ADMITTED, QUEUED
-from tasks.db import after_commit, session_scope
 from tasks.errors import RunNotFoundError
+from tasks.observe import metrics
+from tasks.parse.checks import check_idempotency_key, check_run_id
+from tasks.store import ledger
+from tasks.store.db import after_commit, session_scope
 
 
 def admit_again(run_id: str, idempotency_key: str | None) -> Admitted:

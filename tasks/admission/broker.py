@@ -24,9 +24,9 @@ from typing import Any
 import redis
 from kombu.utils.json import dumps as kombu_dumps
 
+from tasks.broker.taskrepr import shown
 from tasks.constants import QUEUE
-from tasks.notify import redis_client
-from tasks.taskrepr import shown
+from tasks.store.notify import redis_client
 
 Message = tuple[str, str, list[Any]]  # (task id = outbox row id, task name, args)
 

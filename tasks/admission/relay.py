@@ -23,7 +23,7 @@ from tasks.admission.broker import Message, oldest_waiting, send_tasks
 
 __all__ = ["Message", "publish", "publish_admitted", "publish_due", "resend_stale"]
 from tasks.constants import QUEUED
-from tasks.db import is_postgres, session_scope
+from tasks.store.db import is_postgres, session_scope
 
 log = logging.getLogger("playrun.relay")
 

@@ -222,7 +222,7 @@ _Existing = Callable[[list[tuple[str, str]]], dict[tuple[str, str], str]]
 
 def write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], *, handed_off: bool,
              known: AbstractSet[str] = frozenset()) -> list[Written]:
-    """`write` on PostgreSQL, on a cursor in autocommit (tasks.db.driver_cursor): one
+    """`write` on PostgreSQL, on a cursor in autocommit (tasks.store.db.driver_cursor): one
     statement, one transaction. `known`: digests of bundles committed in this database
     already (not sent again)."""
     return _write(items, lambda o, i, b: _write_pg(cur, o, i, b, handed_off, known),

@@ -20,13 +20,13 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Outbox, db_now
-from tasks import metrics
 from tasks.admission import rows
 from tasks.admission.validate import PlaySource, check_input, load_play
-from tasks.checks import check_idempotency_key, check_org_id
 from tasks.constants import MAX_SUBMIT_BATCH, TASK_START_ATTEMPT
-from tasks.db import driver_cursor, get_engine
 from tasks.errors import InputInvalidError, PlayrunError
+from tasks.observe import metrics
+from tasks.parse.checks import check_idempotency_key, check_org_id
+from tasks.store.db import driver_cursor, get_engine
 
 log = logging.getLogger("playrun.admission")
 
@@ -149,7 +149,7 @@ def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted
             written = rows.write_pg(cur, unique, handed_off=handed_off, known=stored)
         _remember(stored, unique)
     else:
-        with engine.begin() as conn:  # BEGIN IMMEDIATE (tasks.db): the write lock
+        with engine.begin() as conn:  # BEGIN IMMEDIATE (tasks.store.db): the write lock
             written = rows.write_sqlite(conn, unique, handed_off=handed_off)
     seen: set[int] = set()
     out = []

@@ -3,7 +3,7 @@
 A bad value raises a PlayrunError with a stable code (INPUT_INVALID, PLAY_NOT_FOUND,
 PLAY_INVALID); nothing malformed is rewritten, and no input can make psycopg, json or
 the recursion limit raise. Scalar arguments (names, ids, numbers) are checked in
-tasks/checks.py.
+tasks/parse/checks.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.checks import UNSTORABLE, brief, check_text
 from tasks.constants import (
     MAX_INPUT_BYTES,
     MAX_INPUT_DEPTH,
@@ -30,6 +29,7 @@ from tasks.constants import (
     MAX_PLAY_PATH_CHARS,
 )
 from tasks.errors import InputInvalidError, PlayInvalidError, PlayNotFoundError
+from tasks.parse.checks import UNSTORABLE, brief, check_text
 
 # --- plays ---------------------------------------------------------------------------
 

@@ -23,12 +23,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tasks
-from tasks.admission.querycheck import parse_moment
 from tasks.constants import DASHBOARD_REFRESH_S, DASHBOARD_RUNS_PAGE, RUN_STATUSES
 from tasks.dashboard.auth import COOKIE, SESSION_MAX_AGE_S, Access, Principal
 from tasks.dashboard.fleet import fleet
 from tasks.dashboard.runpage import failure_class, run_page
 from tasks.errors import InputInvalidError, PlayrunError, RunNotFoundError
+from tasks.parse.query import parse_moment
 from tasks.settings import Settings
 
 HERE = Path(__file__).resolve().parent

@@ -11,8 +11,8 @@ from markupsafe import Markup
 from tasks.acquisition import capacity, policy
 from tasks.acquisition.starthistory import Sample, read_history
 from tasks.dashboard.chart import render
-from tasks.db import session_scope
 from tasks.settings import Settings
+from tasks.store.db import session_scope
 
 log = logging.getLogger("playrun.dashboard")
 

@@ -26,7 +26,6 @@ from models import (
     WorkReceipt,
     db_now,
 )
-from tasks.checks import check_run_id
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     ATTEMPT_DEFERRED,
@@ -50,8 +49,9 @@ from tasks.constants import (
     START_DEFERRAL_EXHAUSTED,
     STEP_CODES,
 )
-from tasks.db import session_scope
 from tasks.errors import RunNotFoundError
+from tasks.parse.checks import check_run_id
+from tasks.store.db import session_scope
 
 MAX_TEXT = 2000  # characters of one value (an error, an event's data, an output)
 MAX_TIMELINE = 100  # lifecycle events shown per attempt

@@ -11,10 +11,9 @@ import uvicorn
 from tasks.constants import DASHBOARD_MIN_TOKEN_CHARS
 from tasks.dashboard.app import create_app
 from tasks.dashboard.auth import Access
-from tasks.db import require_current_schema
 from tasks.errors import ConfigurationError
-from tasks.gateway.serve import listen_address
 from tasks.settings import Settings
+from tasks.store.db import require_current_schema
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ def plan(settings: Settings) -> Plan:
     """Where to listen and with which tokens, or ConfigurationError saying what to fix."""
     settings.check()
     host, port = parse_addr(settings.dashboard_addr)
-    if port == listen_address(settings)[1]:
+    if port == settings.gateway_listen_address()[1]:
         raise ConfigurationError(f"PLAYRUN_DASHBOARD_ADDR port {port} is the gateway's "
                                  "(PLAYRUN_GATEWAY_URL); the dashboard needs its own listener")
     read, write = settings.dashboard_token, settings.dashboard_write_token

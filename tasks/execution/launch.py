@@ -18,18 +18,18 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
-from tasks import metrics
 from tasks.acquisition import capacity
 from tasks.acquisition.sandbox import record_for_cleanup, record_live_in
 from tasks.constants import RUNNER_FILE
-from tasks.db import after_commit, driver_cursor, session_scope
 from tasks.errors import FenceLostError
 from tasks.execution import launch_record
-from tasks.fence import Fence, hold
-from tasks.gateway import tokens
-from tasks.runtime import host_queue
+from tasks.observe import metrics
 from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
+from tasks.sandbox.runtime import host_queue
+from tasks.security import tokens
 from tasks.settings import Settings
+from tasks.store.db import after_commit, driver_cursor, session_scope
+from tasks.store.fence import Fence, hold
 
 # The supervisor's hard kill comes this long after the runner's own timeout fires.
 HARD_KILL_GRACE_S = 5.0

@@ -24,9 +24,9 @@ from tasks.constants import (
     LEASE_RESERVED,
     RESOURCE_LIVE,
 )
-from tasks.db import one_row
-from tasks.fence import Fence, fence_params, held_sql
 from tasks.sandbox import SandboxRef
+from tasks.store.db import one_row
+from tasks.store.fence import Fence, fence_params, held_sql
 
 _LEASE_JOIN = f"""
     JOIN capacity_leases l ON l.id = %(lease)s AND l.run_id = r.id

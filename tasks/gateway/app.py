@@ -20,9 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tasks import untrusted
 from tasks.constants import RELEASE_BATCH_WINDOW_S
-from tasks.db import session_scope
 from tasks.errors import (
     CapabilityDeniedError,
     DocumentInvalidError,
@@ -36,11 +34,14 @@ from tasks.errors import (
     SheetWriteIntentInvalidError,
     SheetWriteVersionMismatchError,
 )
-from tasks.gateway import observe, tokens
+from tasks.gateway import observe
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.releases import ReleaseBatcher, Send
+from tasks.parse import untrusted
+from tasks.security import tokens
 from tasks.settings import Settings
+from tasks.store.db import session_scope
 
 log = logging.getLogger("playrun.gateway")
 

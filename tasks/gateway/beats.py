@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
-from tasks.db import session_scope
-from tasks.fence import LaunchFence
+from tasks.store.db import session_scope
+from tasks.store.fence import LaunchFence
 
 # At most one lease write per this many seconds per running play (<= 0.1 writes/s).
 RENEW_EVERY_S = 10.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks import metrics
+from tasks.observe import metrics
 from tasks.sheets.store import ALREADY_TERMINAL, NEWER, OLDER, UNREPORTED
 
 UNKNOWN = "unknown"  # the body was refused before an action could be named

@@ -16,17 +16,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import uvicorn
 from prometheus_client import REGISTRY
 
-from tasks import metrics_serve
 from tasks.admission.broker import send_tasks
-from tasks.app import app
-from tasks.db import require_current_schema
+from tasks.broker.app import app
 from tasks.gateway.app import create_app
+from tasks.observe import serve as metrics_serve
 from tasks.settings import Settings
+from tasks.store.db import require_current_schema
 
 log = logging.getLogger("playrun.gateway")
 
@@ -37,11 +36,6 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
-
-
-def listen_address(settings: Settings) -> tuple[str, int]:
-    parts = urlsplit(settings.gateway_url)
-    return parts.hostname or "127.0.0.1", parts.port or 8765
 
 
 def prepare_socket(path: Path) -> None:
@@ -60,7 +54,7 @@ def _send(name: str, args: list[Any], queue_name: str) -> None:
 
 async def _serve(settings: Settings) -> None:
     asgi = create_app(settings, _send)
-    host, port = listen_address(settings)
+    host, port = settings.gateway_listen_address()
     socket_path = Path(settings.gateway_socket)
     prepare_socket(socket_path)
     common: dict[str, Any] = {"log_level": "warning", "access_log": False,

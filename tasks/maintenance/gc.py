@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from models import Attempt, Run, RuntimeResource, db_now
-from tasks import ledger
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     EV_SANDBOX_DELETED,
@@ -25,9 +24,10 @@ from tasks.constants import (
     RESOURCE_LIVE,
     TERMINAL_STATUSES,
 )
-from tasks.db import session_scope
-from tasks.fence import lock_run
 from tasks.sandbox import SandboxProvider, SandboxRef
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import lock_run
 
 log = logging.getLogger("playrun.gc")
 

@@ -22,8 +22,8 @@ from celery.signals import task_postrun, task_received, worker_init
 
 from tasks.constants import KEY_HELD_STARTS, QUEUE, TASK_START_ATTEMPT
 from tasks.maintenance.restart import end_previous_leases
-from tasks.notify import redis_client
-from tasks.runtime import NODE_ENV
+from tasks.sandbox.runtime import NODE_ENV
+from tasks.store.notify import redis_client
 
 log = logging.getLogger("playrun.held")
 

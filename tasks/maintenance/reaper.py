@@ -15,10 +15,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from models import Attempt, CapacityLease, Run, RuntimeResource, db_now
-from tasks import ledger
 from tasks.acquisition.capacity import HELD, RELEASED, RESERVED
 from tasks.acquisition.deferral import defer
-from tasks.app import send
+from tasks.broker.app import send
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     EV_CAPACITY_RELEASED,
@@ -31,15 +30,16 @@ from tasks.constants import (
     TASK_RELEASE_ATTEMPT,
     TERMINAL_STATUSES,
 )
-from tasks.db import session_scope
-from tasks.fence import Fence, lock_run
 from tasks.maintenance.trouble import note_failure
 from tasks.release.attempt import release_attempt
 from tasks.release.receipts import release_orphans
-from tasks.runtime import host_queue
+from tasks.sandbox.runtime import host_queue
 from tasks.settings import Settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_forced
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence, lock_run
 
 log = logging.getLogger("playrun.reaper")
 

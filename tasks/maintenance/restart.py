@@ -19,11 +19,11 @@ import sqlalchemy as sa
 
 from models import Attempt, db_now
 from tasks.constants import ATTEMPT_ACTIVE
-from tasks.db import session_scope
 from tasks.execution.inspect import poll
-from tasks.fence import lock_run
-from tasks.runtime import host_queue, provider
 from tasks.sandbox import ProviderError
+from tasks.sandbox.runtime import host_queue, provider
+from tasks.store.db import session_scope
+from tasks.store.fence import lock_run
 
 log = logging.getLogger("playrun.restart")
 

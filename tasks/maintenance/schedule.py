@@ -7,9 +7,9 @@ from typing import Any
 from celery.beat import Scheduler
 
 from tasks.constants import MAINTENANCE_QUEUE, TASK_REAP, TASK_SANDBOX_GC, TASK_SWEEP_OUTBOX
-from tasks.db import require_current_schema
 from tasks.errors import PlayrunError
 from tasks.settings import get_settings
+from tasks.store.db import require_current_schema
 
 
 class CheckedScheduler(Scheduler):

@@ -17,13 +17,13 @@ from prometheus_client.registry import Collector
 from redis import RedisError
 
 from models import CapacityLease, CapacityOrg
-from tasks import metrics
 from tasks.acquisition import permits
 from tasks.acquisition import policy as traffic
 from tasks.acquisition.startrate import rules_for
 from tasks.constants import LEASE_HELD
-from tasks.db import session_scope
+from tasks.observe import metrics
 from tasks.settings import Settings
+from tasks.store.db import session_scope
 
 log = logging.getLogger("playrun.metrics")
 

@@ -12,13 +12,13 @@ import logging
 import sqlalchemy as sa
 
 from models import Run
-from tasks import ledger
 from tasks.constants import EV_MAINTENANCE_FAILED, RUNTIME_INTERNAL_ERROR
-from tasks.db import session_scope
-from tasks.fence import lock_run
+from tasks.parse.untrusted import storable_text
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_forced
-from tasks.untrusted import storable_text
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import lock_run
 
 log = logging.getLogger("playrun.trouble")
 

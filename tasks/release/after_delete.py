@@ -21,7 +21,7 @@ from tasks.constants import (
     RECEIPT_HELD,
     RESOURCE_DELETED,
 )
-from tasks.db import one_row, sql_list
+from tasks.store.db import one_row, sql_list
 
 # The run row is locked first, as every writer does (both updates join it). The events go
 # in by one INSERT in release order: rows inserted by separate CTEs have no defined order.

@@ -11,9 +11,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from tasks.checks import check_run_id
 from tasks.constants import MAX_LEASE_TOKEN_CHARS, RELEASE_BATCH_MAX
 from tasks.errors import InputInvalidError, PlayrunError
+from tasks.parse.checks import check_run_id
 from tasks.release.capacity import release_lease
 from tasks.release.receipts import release_receipts
 from tasks.release.sandboxes import Released, release_sandboxes

@@ -5,12 +5,12 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from models import CapacityLease, db_now
-from tasks import ledger
 from tasks.constants import EV_CAPACITY_RELEASED
 from tasks.constants import LEASE_HELD as HELD
 from tasks.constants import LEASE_RELEASED as RELEASED
-from tasks.db import driver_cursor, get_engine, session_scope, sql_list
-from tasks.fence import lock_run
+from tasks.store import ledger
+from tasks.store.db import driver_cursor, get_engine, session_scope, sql_list
+from tasks.store.fence import lock_run
 
 # One statement, so in autocommit it is one transaction and one round trip. The run row
 # is locked first, as every writer here does, so this never deadlocks with a promote:

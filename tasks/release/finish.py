@@ -9,13 +9,13 @@ import sqlalchemy as sa
 
 from models import Attempt, Run
 from tasks.constants import ATTEMPT_ACTIVE
-from tasks.db import session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import Fence
 from tasks.release.attempt import release_attempt
 from tasks.release.sandboxes import release_sandboxes
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import CANCEL_REASON, Settled, settle
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence
 
 log = logging.getLogger("playrun.finish")
 

@@ -14,11 +14,11 @@ import logging
 import sqlalchemy as sa
 
 from models import WorkReceipt, db_now
-from tasks import ledger
 from tasks.constants import EV_RECEIPTS_RELEASED, RECEIPT_HELD, RECEIPT_RELEASED
-from tasks.db import autocommit, session_scope
-from tasks.fence import lock_run
-from tasks.workreceipts import owner_live
+from tasks.receipts.view import owner_live
+from tasks.store import ledger
+from tasks.store.db import autocommit, session_scope
+from tasks.store.fence import lock_run
 
 log = logging.getLogger("playrun.release")
 

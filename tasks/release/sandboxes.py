@@ -10,13 +10,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from models import RuntimeResource, db_now
-from tasks import ledger
 from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_DELETED
-from tasks.db import ASYNC_COMMIT_SQL, autocommit, driver_cursor, get_engine, session_scope
 from tasks.errors import PlayrunError
-from tasks.fence import lock_run
 from tasks.release.after_delete import mark_and_release
-from tasks.runtime import provider
+from tasks.sandbox.runtime import provider
+from tasks.store import ledger
+from tasks.store.db import ASYNC_COMMIT_SQL, autocommit, driver_cursor, get_engine, session_scope
+from tasks.store.fence import lock_run
 
 log = logging.getLogger("playrun.release")
 

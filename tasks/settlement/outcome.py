@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks import untrusted
 from tasks.constants import (
     CANCELLED,
     CANCELLED_CODE,
@@ -21,7 +20,8 @@ from tasks.constants import (
     SUCCEEDED,
 )
 from tasks.errors import DocumentInvalidError
-from tasks.untrusted import encoded_size, storable_text
+from tasks.parse import untrusted
+from tasks.parse.untrusted import encoded_size, storable_text
 
 _KNOWN_CODES = frozenset({
     "PLAY_NOT_FOUND", "PLAY_INVALID", "PLAY_ERROR", "OUTPUT_INVALID", "INPUT_INVALID",

@@ -22,9 +22,9 @@ from tasks.constants import (
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
 )
-from tasks.db import sql_list
-from tasks.fence import LaunchFence
 from tasks.settlement.outcome import Outcome
+from tasks.store.db import sql_list
+from tasks.store.fence import LaunchFence
 
 # The two events go in by one INSERT in ledger order: the ids of rows inserted by
 # separate CTEs of one statement follow no defined order.

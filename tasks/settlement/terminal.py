@@ -9,7 +9,6 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
-from tasks import ledger, metrics
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     ATTEMPT_ENDED,
@@ -20,13 +19,15 @@ from tasks.constants import (
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
 )
-from tasks.db import after_commit, driver_cursor, session_scope
 from tasks.errors import FenceLostError
-from tasks.fence import Fence, LaunchFence, hold, hold_launch, lock_run
-from tasks.notify import run_settled
+from tasks.observe import metrics
 from tasks.settings import get_settings
 from tasks.settlement import pushed
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
+from tasks.store import ledger
+from tasks.store.db import after_commit, driver_cursor, session_scope
+from tasks.store.fence import Fence, LaunchFence, hold, hold_launch, lock_run
+from tasks.store.notify import run_settled
 
 
 @dataclass(frozen=True)

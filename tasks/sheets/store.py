@@ -29,9 +29,9 @@ from tasks.constants import (
     SHEET_MAX_READ_BYTES,
     SHEET_PENDING,
 )
-from tasks.db import is_postgres
 from tasks.errors import SheetWriteIntentInvalidError, SheetWriteVersionMismatchError
-from tasks.untrusted import encoded_size
+from tasks.parse.untrusted import encoded_size
+from tasks.store.db import is_postgres
 
 # Why a row write (or a row of an admitted page) was refused (SPEC 4.8).
 NEWER = "newer_write_version"  # a later admission owns the row

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 
 from models import Sheet, SheetRow, SheetWriteIntent
 from tasks.constants import SHEET_ROW_STATUSES
-from tasks.db import ensure_schema_once, session_scope
 from tasks.sheets.store import find_sheet, play_name
+from tasks.store.db import ensure_schema_once, session_scope
 
 EXPORT_COLUMNS = ("key", "status", "write_version", "data", "result", "error", "updated_at")
 

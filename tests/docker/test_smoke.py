@@ -29,7 +29,7 @@ def test_the_sample_play_runs_in_the_projects_image(celery_setup: Any,
                                 f"{PG['POSTGRES_PASSWORD']}@127.0.0.1:{port}/playrun",
     })
     proc = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "submit", str(ROOT / "examples/plays/hello.py"),
+        [sys.executable, "-m", "tasks.cli.main", "submit", str(ROOT / "examples/plays/hello.py"),
          "--input", '{"name": "Docker"}', "--org", "docker", "--wait", "--timeout", "120"],
         env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

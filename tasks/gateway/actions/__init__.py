@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasks.gateway.actions import complete, events, heartbeat, sheets, steps
 from tasks.gateway.actions.base import Action, ActionRequest, Context
-from tasks.gateway.tokens import (
+from tasks.security.tokens import (
     RUN_COMPLETE,
     RUN_HEARTBEAT,
     RUN_LEDGER_PROJECT,

@@ -8,11 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.fence import LaunchFence
 from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.releases import ReleaseBatcher
-from tasks.gateway.tokens import Grant
+from tasks.security.tokens import Grant
 from tasks.settings import Settings
+from tasks.store.fence import LaunchFence
 
 
 class ActionRequest(BaseModel):

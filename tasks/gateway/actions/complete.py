@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from tasks.constants import RELEASE_QUEUE
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
-from tasks.gateway.tokens import Grant
+from tasks.security.tokens import Grant
 from tasks.settlement.outcome import from_document
 from tasks.settlement.terminal import settle_launch
 

@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from pydantic import Field
 
 from models import EventDelivery
-from tasks import ledger
 from tasks.constants import EV_PROGRESS, MAX_EVENT_BYTES
-from tasks.db import session_scope
-from tasks.fence import hold_launch
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
-from tasks.gateway.tokens import Grant
+from tasks.security.tokens import Grant
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import hold_launch
 
 MAX_BATCH = 500
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from tasks.errors import FenceLostError
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
-from tasks.gateway.tokens import Grant
+from tasks.security.tokens import Grant
 
 
 class Heartbeat(ActionRequest):

@@ -27,12 +27,12 @@ from tasks.constants import (
     SHEET_MAX_PAGE_ROWS,
     SHEET_MAX_ROW_BYTES,
 )
-from tasks.db import session_scope
-from tasks.fence import hold_launch
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
-from tasks.gateway.tokens import Grant
+from tasks.parse.untrusted import encoded_size
+from tasks.security.tokens import Grant
 from tasks.sheets import store
-from tasks.untrusted import encoded_size
+from tasks.store.db import session_scope
+from tasks.store.fence import hold_launch
 
 TABLE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 MAX_ERROR_CHARS = 8192

@@ -18,7 +18,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models import Run, WorkReceipt, db_now
-from tasks import ledger
 from tasks.constants import (
     EV_STEP_COMPLETED,
     EV_STEP_FAILED,
@@ -32,13 +31,14 @@ from tasks.constants import (
     RECEIPT_HELD,
     RECEIPT_RUNNING,
 )
-from tasks.db import is_postgres, session_scope
 from tasks.errors import ReceiptNotHeldError, StepOutputInvalidError
-from tasks.fence import hold_launch
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
-from tasks.gateway.tokens import Grant
-from tasks.untrusted import encoded_size
-from tasks.workreceipts import owner_live, play_name, receipt_key
+from tasks.parse.untrusted import encoded_size
+from tasks.receipts.view import owner_live, play_name, receipt_key
+from tasks.security.tokens import Grant
+from tasks.store import ledger
+from tasks.store.db import is_postgres, session_scope
+from tasks.store.fence import hold_launch
 
 MAX_STEP_ERROR_CHARS = 8192
 # How long a waiting runner is told to pause before it asks again (it backs off itself).

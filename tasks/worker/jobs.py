@@ -14,12 +14,11 @@ import sqlalchemy as sa
 from celery import Task
 
 from models import Attempt, Run, db_now
-from tasks import ledger
 from tasks.acquisition.claim import Skip, Skipped, seconds_until_due
 from tasks.acquisition.deferral import defer
 from tasks.acquisition.start import Step, acquire_sandbox, open_attempt
 from tasks.admission.relay import publish_due, resend_stale
-from tasks.app import app
+from tasks.broker.app import app
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     EV_RUNNER_LOST,
@@ -36,11 +35,9 @@ from tasks.constants import (
     TASK_SWEEP_OUTBOX,
     TASK_WATCHDOG_PING,
 )
-from tasks.db import session_scope
 from tasks.errors import FenceLostError
 from tasks.execution.inspect import Verdict, inspect
 from tasks.execution.launch import Launch, launch
-from tasks.fence import Fence, hold
 from tasks.maintenance import held
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import reap
@@ -48,11 +45,14 @@ from tasks.maintenance.trouble import note_failure
 from tasks.release.attempt import release_attempt, release_attempts
 from tasks.release.finish import finish
 from tasks.release.sandboxes import release_sandboxes
-from tasks.runtime import provider
 from tasks.sandbox import ProviderError
+from tasks.sandbox.runtime import provider
 from tasks.settings import get_settings
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import CANCEL_REASON, settle_forced, settle_unattended
+from tasks.store import ledger
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence, hold
 
 log = logging.getLogger("playrun.jobs")
 held.connect(app)
@@ -192,7 +192,7 @@ def cancel_attempt(run_id: str) -> None:
 
 @app.task(name=TASK_WATCHDOG_PING, ignore_result=True)
 def watchdog_ping() -> None:
-    """Received is what counts (see tasks.watchdog); running it is a no-op."""
+    """Received is what counts (see tasks.worker.watchdog); running it is a no-op."""
 
 
 @app.task(name=TASK_SWEEP_OUTBOX)

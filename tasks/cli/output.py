@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tasks.errors import BrokerUnavailableError, DatabaseUnavailableError, PlayrunError
-from tasks.ledger import Event
+from tasks.store.ledger import Event
 
 _CREDENTIALS = re.compile(r"(?<=://)[^/@\s]*@")
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from rich.console import Console
 
-from tasks.cli_output import console as plain_console
-from tasks.cli_output import event_line, live_status
+from tasks.cli.embedded import Stack
+from tasks.cli.output import console as plain_console
+from tasks.cli.output import event_line, live_status
 from tasks.constants import EV_CAPACITY_RELEASED
-from tasks.embedded import Stack
 
-SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plays" / "hello.py"
+SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plays" / "hello.py"
 
 
 # How long the demo waits, after the terminal, for the release to be recorded.
@@ -34,7 +34,7 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
             from tasks.settings import reset_settings
 
             reset_settings()
-            from tasks import db
+            from tasks.store import db
 
             db.upgrade()
             stack.start_gateway()

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
-from tasks.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
 from tasks.errors import FenceLostError
+from tasks.store.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 import tasks
-from tasks.admission.querycheck import parse_moment
-from tasks.checks import parse_count
+from tasks.parse.checks import parse_count
+from tasks.parse.query import parse_moment
 
 
 def _iso(value: datetime | None) -> str | None:

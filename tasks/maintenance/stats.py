@@ -20,7 +20,7 @@ from tasks.constants import (
     EV_SANDBOX_REQUESTED,
     TERMINAL_EVENT,
 )
-from tasks.db import session_scope
+from tasks.store.db import session_scope
 
 
 @dataclass

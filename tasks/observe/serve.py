@@ -18,8 +18,8 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server, values
 
-from tasks import metrics
-from tasks.embedded import pid_alive
+from tasks.host.processes import pid_alive
+from tasks.observe import metrics
 from tasks.settings import Settings, parse_addr
 
 log = logging.getLogger("playrun.metrics")
@@ -83,7 +83,7 @@ def start_multiprocess(settings: Settings) -> CollectorRegistry:
     path.mkdir(mode=0o700)
     os.environ[_MULTIPROC_ENV] = str(path)
     # prometheus_client picks its value class at import; switch it now, before any
-    # metric object exists (tasks.metrics builds them on first use).
+    # metric object exists (tasks.observe.metrics builds them on first use).
     values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     metrics.reset()
     registry = CollectorRegistry()

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.cli_output import console, live_status, redact_url
+from tasks.cli.output import console, live_status, redact_url
 from tasks.constants import CLI_BROKER_TIMEOUT_S, CLI_NO_WORKER_HINT_S, EV_ATTEMPT_STARTED
 from tasks.errors import BrokerUnavailableError, RunWaitTimeoutError
 
@@ -19,7 +19,7 @@ _POLL_S = 0.5
 def bound_publishing() -> None:
     """A CLI process is a person waiting: bounded connects, reads and retries when it
     publishes (a worker keeps Celery's patient defaults)."""
-    from tasks.app import app
+    from tasks.broker.app import app
 
     app.conf.broker_transport_options = {
         **(app.conf.broker_transport_options or {}),

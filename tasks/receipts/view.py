@@ -18,14 +18,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from models import Attempt, Run, WorkReceipt, db_now
-from tasks.checks import check_name
 from tasks.constants import (
     ATTEMPT_ACTIVE,
     MAX_STEP_KEY_CHARS,
     RECEIPT_HELD,
     TERMINAL_STATUSES,
 )
-from tasks.db import ensure_schema_once, session_scope
+from tasks.parse.checks import check_name
+from tasks.store.db import ensure_schema_once, session_scope
 
 MAX_ORG_CHARS = 128
 MAX_PLAY_CHARS = 255

@@ -13,7 +13,12 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from tasks.admission.validate import parse_input_text
-from tasks.checks import (
+from tasks.cli.output import as_coded, timeline
+from tasks.cli.output import console as plain_console
+from tasks.cli.output import view_dict as _view_dict
+from tasks.constants import MAX_DURATION_S, MAX_STATS_WINDOW_S
+from tasks.errors import InputInvalidError, PlayrunError, PolicyInvalidError
+from tasks.parse.checks import (
     check_org_id,
     check_rate,
     check_seconds,
@@ -21,11 +26,6 @@ from tasks.checks import (
     parse_count,
     parse_number,
 )
-from tasks.cli_output import as_coded, timeline
-from tasks.cli_output import console as plain_console
-from tasks.cli_output import view_dict as _view_dict
-from tasks.constants import MAX_DURATION_S, MAX_STATS_WINDOW_S
-from tasks.errors import InputInvalidError, PlayrunError, PolicyInvalidError
 
 
 def error_line(exc: PlayrunError) -> str:
@@ -74,7 +74,7 @@ console = Console()
 @app.command()
 def demo(keep: bool = typer.Option(False, help="Keep the demo's logs and database.")) -> None:
     """Run the sample play on the embedded stack (private Redis, SQLite, worker, beat)."""
-    from tasks.demo import run_demo
+    from tasks.cli.demo import run_demo
 
     raise typer.Exit(run_demo(keep=keep))
 
@@ -87,7 +87,7 @@ def dev(fresh: bool = typer.Option(False, help="Start from an empty database."),
     in the foreground; submit, runs and show in another terminal use it."""
     from typer.main import get_command
 
-    from tasks.cli_dev import run_dev
+    from tasks.cli.dev import run_dev
 
     commands = getattr(get_command(app), "commands", {})
     raise typer.Exit(run_dev(with_dashboard="dashboard" in commands, fresh=fresh,
@@ -108,7 +108,7 @@ def db_upgrade(revision: str = "head") -> None:
     """Migrate the database to the newest schema (the only command that runs DDL)."""
     from alembic.util.exc import CommandError
 
-    from tasks import db
+    from tasks.store import db
 
     revision = check_text(revision, "revision", 64)
     try:
@@ -120,7 +120,7 @@ def db_upgrade(revision: str = "head") -> None:
 
 @db_app.command("current")
 def db_current() -> None:
-    from tasks import db
+    from tasks.store import db
 
     console.print(f"current {db.current_revision()} head {db.head_revision()}")
 
@@ -134,8 +134,8 @@ def submit(play: Path, input: Annotated[str, typer.Option("--input")] = "{}",
                                                 help="with --wait: e.g. 300, 90s, 10m")] = "300",
            ) -> None:
     """Submit a run; with --wait, print its result."""
-    from tasks import cli_submit
-    from tasks.durations import parse_duration
+    from tasks.cli import submit as cli_submit
+    from tasks.parse.durations import parse_duration
 
     wait_s = parse_duration(timeout)
     handle = cli_submit.submit(play, parse_input_text(input), org, key)
@@ -158,7 +158,7 @@ def runs(limit: Annotated[str, typer.Option("--limit", metavar="N")] = "20",
          before: Annotated[str | None, typer.Option(help="the page cursor `more:` printed")] = None,
          as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False) -> None:
     """List recent runs, newest first (ids in full: `show` takes them or a unique prefix)."""
-    from tasks.cli_runs import list_for_cli, print_runs
+    from tasks.cli.runs import list_for_cli, print_runs
 
     found, more = list_for_cli(limit, org, status, code, since, until, before)
     print_runs(console, found, more, as_json)
@@ -184,7 +184,7 @@ def show(run_id: str, events: bool = True,
 def cancel(run_id: str) -> None:
     """Cancel a run (a no-op once a terminal outcome has won)."""
     import tasks
-    from tasks.cli_submit import bound_publishing
+    from tasks.cli.submit import bound_publishing
 
     bound_publishing()
 
@@ -215,7 +215,7 @@ def policy_hold(for_: Annotated[str, typer.Option("--for")] = "10m",
                 reason: str | None = None) -> None:
     """Hold new sandbox starts for a while (runs are deferred, not failed)."""
     from tasks.acquisition import policy
-    from tasks.durations import parse_duration
+    from tasks.parse.durations import parse_duration
 
     policy.set_policy(policy.HOLD, for_s=parse_duration(for_), reason=reason)
     policy_show()
@@ -227,7 +227,7 @@ def policy_throttle(per_minute: Annotated[str, typer.Argument(metavar="PER_MINUT
                     reason: str | None = None) -> None:
     """Override the adaptive start rate with PER_MINUTE starts a minute for a while."""
     from tasks.acquisition import policy
-    from tasks.durations import parse_duration
+    from tasks.parse.durations import parse_duration
 
     rate = check_rate(parse_number(per_minute, "sandbox_starts_per_minute", PolicyInvalidError))
     policy.set_policy(policy.THROTTLE, for_s=parse_duration(for_), starts_per_minute=rate,
@@ -308,8 +308,8 @@ def receipts_clear(org: Annotated[str, typer.Option("--org")],
 @app.command()
 def stats(since: Annotated[str, typer.Option("--since")] = "1h") -> None:
     """Runs by status, and terminals, deferrals, overruns and starts in the window."""
-    from tasks.durations import parse_duration
-    from tasks.stats import as_dict, collect
+    from tasks.maintenance.stats import as_dict, collect
+    from tasks.parse.durations import parse_duration
 
     window = parse_duration(since, maximum=MAX_STATS_WINDOW_S)
     print(json.dumps(as_dict(collect(window)), indent=2, sort_keys=True))
@@ -320,7 +320,7 @@ def gc(grace: Annotated[str | None, typer.Option(
         "--grace", metavar="SECONDS", help="spare sandboxes younger than this")] = None) -> None:
     """Run one sandbox GC pass now and print what it did."""
     from tasks.maintenance.gc import collect
-    from tasks.runtime import provider
+    from tasks.sandbox.runtime import provider
     from tasks.settings import get_settings
 
     grace_s = get_settings().gc_grace_s if grace is None else check_seconds(
@@ -382,7 +382,7 @@ def sheet_export(table: str, org: Annotated[str, typer.Option("--org")],
 
 def main() -> None:
     if sys.argv[1:2] not in (["dev"], ["demo"]):
-        from tasks.cli_dev import apply_state
+        from tasks.cli.dev import apply_state
 
         apply_state()  # a `playrun dev` running elsewhere, when no PLAYRUN_* says otherwise
     try:

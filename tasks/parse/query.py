@@ -11,15 +11,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasks.checks import brief, check_text
 from tasks.constants import (
     MAX_STATS_WINDOW_S,
     MIN_RUN_ID_PREFIX,
     RUN_CODE_PATTERN,
     RUN_STATUSES,
 )
-from tasks.durations import parse_duration
 from tasks.errors import InputInvalidError, RunNotFoundError
+from tasks.parse.checks import brief, check_text
+from tasks.parse.durations import parse_duration
 
 _CODE = re.compile(RUN_CODE_PATTERN)
 _HEX_PREFIX = re.compile(r"[0-9a-f]{1,32}")

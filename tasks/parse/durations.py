@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tasks.checks import brief, check_seconds
 from tasks.constants import MAX_DURATION_S
 from tasks.errors import DurationInvalidError
+from tasks.parse.checks import brief, check_seconds
 
 __all__ = ["DurationInvalidError", "parse_duration"]
 

@@ -1,22 +1,24 @@
-"""The Celery app (`celery -A tasks worker`) and its start-up schema check."""
+"""A worker's start-up: refuse a database behind the schema head, watch the consumer,
+and consume this host's own sandbox queue.
+
+Imported by the worker through the app's `include`, before it builds its steps.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from celery import Celery, bootsteps
+from celery import bootsteps
 from celery.signals import celeryd_after_setup
-from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
-from tasks import taskrepr  # noqa: F401  (its publish hook redacts what Flower shows)
-from tasks.constants import QUEUE
-from tasks.db import require_current_schema
+from tasks.broker.app import app, queue
 from tasks.errors import PlayrunError
-from tasks.runtime import host_queue
 from tasks.sandbox.local import check_isolation
+from tasks.sandbox.runtime import host_queue
 from tasks.settings import get_settings
-from tasks.watchdog import BrokerWatchdog
+from tasks.store.db import require_current_schema
+from tasks.worker.watchdog import BrokerWatchdog
 
 log = logging.getLogger("playrun.worker")
 
@@ -42,15 +44,6 @@ class SchemaCheck(bootsteps.Step):
             raise SystemExit(f"playrun worker refused to start: {exc}") from exc
 
 
-def queue(name: str) -> Queue:
-    """A direct queue by name (the default one, or a host's own queue)."""
-    return Queue(name, Exchange(name, type="direct"), routing_key=name)  # type: ignore[no-untyped-call]
-
-
-def send(name: str, args: list[Any], queue_name: str = QUEUE) -> None:
-    app.send_task(name, args=args, queue=queue(queue_name), ignore_result=True)
-
-
 @celeryd_after_setup.connect
 def _consume_host_queue(sender: Any, instance: Any, **_kwargs: Any) -> None:
     """Sandboxes only this host reaches are inspected and deleted through its own queue."""
@@ -60,7 +53,6 @@ def _consume_host_queue(sender: Any, instance: Any, **_kwargs: Any) -> None:
         log.info("consuming this host's sandbox queue %s", name)
 
 
-app = Celery("playrun")
-app.config_from_object("celeryconfig")
-app.steps["worker"].add(SchemaCheck)
-app.steps["consumer"].add(BrokerWatchdog)
+if SchemaCheck not in app.steps["worker"]:
+    app.steps["worker"].add(SchemaCheck)
+    app.steps["consumer"].add(BrokerWatchdog)

@@ -12,8 +12,8 @@ from typing import Any
 from celery.signals import beat_init, worker_init, worker_process_shutdown, worker_shutdown
 from prometheus_client import CollectorRegistry
 
-from tasks import metrics_serve
 from tasks.maintenance.state_metrics import StateCollector
+from tasks.observe import serve as metrics_serve
 from tasks.settings import get_settings
 
 

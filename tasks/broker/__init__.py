@@ -1,0 +1,1 @@
+"""The Celery app and everything that publishes to the broker."""

@@ -1,0 +1,1 @@
+"""The `playrun` command line: runs, the dev and demo stacks, operator commands."""

@@ -1,0 +1,2 @@
+"""Parsers of everything from outside: scalar arguments, durations, listing filters and
+sandbox documents."""

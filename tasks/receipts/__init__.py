@@ -1,0 +1,1 @@
+"""Work receipts (`ctx.step`): their keys, the gateway's store and the app-code views."""

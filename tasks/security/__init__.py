@@ -1,0 +1,1 @@
+"""Capability tokens: minted at launch, checked by the gateway."""

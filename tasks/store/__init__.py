@@ -1,0 +1,2 @@
+"""The database and what every layer writes through it: engines, the fence, the ledger,
+run listings."""

@@ -1,0 +1,1 @@
+"""What a worker process runs: the Celery tasks, its start-up checks, its liveness watchdog."""

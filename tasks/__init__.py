@@ -31,9 +31,9 @@ if TYPE_CHECKING:
         submit_runs,
     )
     from tasks.errors import PlayrunError
-    from tasks.receipts.view import ReceiptView, clear_receipts, receipts
     from tasks.sheets.view import SheetRowView, sheet_rows
     from tasks.store.ledger import Event
+    from tasks.workreceipts.view import ReceiptView, clear_receipts, receipts
 
 celery = app
 
@@ -47,9 +47,9 @@ _LAZY = {
     "Event": "tasks.store.ledger",
     "SheetRowView": "tasks.sheets.view",
     "sheet_rows": "tasks.sheets.view",
-    "ReceiptView": "tasks.receipts.view",
-    "clear_receipts": "tasks.receipts.view",
-    "receipts": "tasks.receipts.view",
+    "ReceiptView": "tasks.workreceipts.view",
+    "clear_receipts": "tasks.workreceipts.view",
+    "receipts": "tasks.workreceipts.view",
 }
 
 

@@ -15,10 +15,10 @@ import sqlalchemy as sa
 
 from models import WorkReceipt, db_now
 from tasks.constants import EV_RECEIPTS_RELEASED, RECEIPT_HELD, RECEIPT_RELEASED
-from tasks.receipts.view import owner_live
 from tasks.store import ledger
 from tasks.store.db import autocommit, session_scope
 from tasks.store.fence import lock_run
+from tasks.workreceipts.keys import owner_live
 
 log = logging.getLogger("playrun.release")
 

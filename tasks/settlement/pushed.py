@@ -15,30 +15,16 @@ from typing import Any
 
 import psycopg
 
-from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    ATTEMPT_ENDED,
-    EV_PROGRESS_DROPPED,
-    TERMINAL_EVENT,
-    TERMINAL_STATUSES,
-)
+from tasks.constants import ATTEMPT_ENDED, EV_PROGRESS_DROPPED, TERMINAL_EVENT
 from tasks.settlement.outcome import Outcome
-from tasks.store.db import sql_list
-from tasks.store.fence import LaunchFence
+from tasks.store.fence import LaunchFence, held_launch_sql
 
 # The two events go in by one INSERT in ledger order: the ids of rows inserted by
 # separate CTEs of one statement follow no defined order.
 _SQL = f"""
-WITH held AS (
-    SELECT r.id, r.created_at, a.id AS attempt_id, a.lease_token, a.host_queue,
-           a.progress_dropped, a.progress_count
-    FROM runs r
-    JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation
-    WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.launch_id = %(launch)s
-      AND a.state = '{ATTEMPT_ACTIVE}' AND r.cancel_requested_at IS NULL
-      AND r.status NOT IN ({sql_list(TERMINAL_STATUSES)})
-    FOR UPDATE OF r, a
-), ended AS (
+WITH held AS ({held_launch_sql(
+    "r.id, r.created_at, a.id AS attempt_id, a.lease_token, a.host_queue, "
+    "a.progress_dropped, a.progress_count")}), ended AS (
     UPDATE attempts a SET state = '{ATTEMPT_ENDED}', end_reason = %(reason)s,
         ended_at = clock_timestamp()
     FROM held WHERE a.id = held.attempt_id

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -25,7 +27,7 @@ from tasks.settings import get_settings
 from tasks.settlement import pushed
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.store import ledger
-from tasks.store.db import after_commit, driver_cursor, session_scope
+from tasks.store.db import after_commit, one_statement_first, session_scope
 from tasks.store.fence import Fence, LaunchFence, hold, hold_launch, lock_run
 from tasks.store.notify import run_settled
 
@@ -130,21 +132,25 @@ def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
     the cancel deletes the sandbox first and then writes `cancelled` (SPEC 4.10)."""
 
     def write(chosen: Outcome) -> Settled:
-        if get_settings().is_postgres:
-            with driver_cursor() as cur:  # the common case, in one statement
-                done = pushed.settle(cur, fence, chosen, PUSHED_REASON)
-            if done is not None:
-                metrics.run_ended(chosen.status, chosen.code, done.created_at,
-                                  chosen.code == RUNTIME_RUNNER_LOST)
-                return Settled(True, chosen, done.holder_token, done.host_queue)
-        with session_scope() as session:
-            run = lock_run(session, fence.run_id)
-            if run is not None and run.status in TERMINAL_STATUSES:
-                return Settled(False, _current(run))
-            run, attempt = hold_launch(session, fence, run)
-            if run.cancel_requested_at is not None:
-                return Settled(False, CANCELLED_OUTCOME)
-            return _end(session, run, attempt, chosen, PUSHED_REASON)
+        def fast(cur: psycopg.Cursor[Any]) -> Settled | None:
+            done = pushed.settle(cur, fence, chosen, PUSHED_REASON)
+            if done is None:
+                return None
+            metrics.run_ended(chosen.status, chosen.code, done.created_at,
+                              chosen.code == RUNTIME_RUNNER_LOST)
+            return Settled(True, chosen, done.holder_token, done.host_queue)
+
+        def general() -> Settled:
+            with session_scope() as session:
+                run = lock_run(session, fence.run_id)
+                if run is not None and run.status in TERMINAL_STATUSES:
+                    return Settled(False, _current(run))
+                run, attempt = hold_launch(session, fence, run)
+                if run.cancel_requested_at is not None:
+                    return Settled(False, CANCELLED_OUTCOME)
+                return _end(session, run, attempt, chosen, PUSHED_REASON)
+
+        return one_statement_first(fast, general, postgres=get_settings().is_postgres)
 
     settled = _storing(write, outcome)
     if settled.won:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -21,6 +21,7 @@ from tasks.settings import get_settings
 from tasks.store.netguard import pg_connect_args
 
 log = logging.getLogger("playrun.db")
+T = TypeVar("T")
 _engines: dict[tuple[int, str], sa.Engine] = {}
 _autocommit_engines: dict[tuple[int, str], sa.Engine] = {}
 # One factory per engine: each sessionmaker makes a Session subclass, whose first use sets
@@ -206,6 +207,19 @@ def driver_cursor(url: str | None = None) -> Iterator[psycopg.Cursor[Any]]:
             ) from exc
     finally:
         pooled.close()
+
+
+def one_statement_first(fast: Callable[[psycopg.Cursor[Any]], T | None],
+                        general: Callable[[], T], *, postgres: bool) -> T:
+    """A hot write's single statement on PostgreSQL, then `general` (the transaction that
+    decides every case) when the statement wrote nothing (None) or on SQLite: fast paths
+    cover the common case only and never restate the general path's decisions."""
+    if postgres:
+        with driver_cursor() as cur:
+            done = fast(cur)
+        if done is not None:
+            return done
+    return general()
 
 
 def one_row(cur: psycopg.Cursor[Any]) -> tuple[Any, ...]:

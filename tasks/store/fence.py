@@ -159,6 +159,20 @@ def held_sql(columns: str = "r.id", join: str = "", lock: str = "r, a") -> str:
 HELD_SQL = held_sql()
 
 
+def held_launch_sql(columns: str = "r.id") -> str:
+    """The launch fence (hold_launch) as a CTE body, params run, gen, launch: the run row
+    and the attempt of this launch, locked; nothing when a cancel is recorded (the
+    general transaction answers that case)."""
+    return f"""
+    SELECT {columns} FROM runs r
+    JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation
+    WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.launch_id = %(launch)s
+      AND a.state = '{ATTEMPT_ACTIVE}' AND r.cancel_requested_at IS NULL
+      AND r.status NOT IN ({sql_list(TERMINAL_STATUSES)})
+    FOR UPDATE OF r, a
+"""
+
+
 def fence_params(fence: Fence) -> dict[str, Any]:
     return {"run": fence.run_id, "gen": fence.generation, "token": fence.lease_token}
 

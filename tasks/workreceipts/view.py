@@ -1,62 +1,29 @@
-"""Work receipts (SPEC 4.7): their key, the liveness of their owner, and the app-code views.
+"""Work receipts as app code sees them: list and clear an org's receipts.
 
-A receipt is keyed by sha256 of (org, play name, step key) and owned by the launch of the
-attempt that claimed it. The gateway's step actions (tasks/gateway/actions/steps.py) claim,
-complete and fail them; the release step (tasks/release/receipts.py) frees what an attempt
-still holds when it ends.
+The gateway's step actions claim, complete and fail receipts through
+tasks/workreceipts/store.py; the release step (tasks/release/receipts.py) frees what an
+attempt still holds when it ends.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import PurePath
 from typing import Any
 
 import sqlalchemy as sa
 
-from models import Attempt, Run, WorkReceipt, db_now
+from models import WorkReceipt
 from tasks.constants import (
-    ATTEMPT_ACTIVE,
     MAX_STEP_KEY_CHARS,
     RECEIPT_HELD,
-    TERMINAL_STATUSES,
 )
 from tasks.parse.checks import check_name
 from tasks.store.db import ensure_schema_once, session_scope
+from tasks.workreceipts.keys import play_name
 
 MAX_ORG_CHARS = 128
 MAX_PLAY_CHARS = 255
-
-
-def play_name(play_path: str) -> str:
-    """A play's name is its file name without `.py` (`plays/enrich.py` -> `enrich`)."""
-    name = PurePath(play_path).name
-    return name[:-3] if name.endswith(".py") and len(name) > 3 else name
-
-
-def receipt_key(org_id: str, play: str, step_key: str) -> str:
-    """sha256 of the three parts, encoded without ambiguity (a JSON array)."""
-    text = json.dumps([org_id, play, step_key], ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def owner_live(lease_grace_s: float | None = None) -> sa.ColumnElement[bool]:
-    """True for a receipt whose owning launch can still write: its attempt is active in the
-    run's current generation and the run is open. With `lease_grace_s`, also its lease ran
-    out less than that long ago (a claim takes over from a holder silent for longer; the
-    reaper adopts a silent runner well before). Correlates to WorkReceipt."""
-    where = [Attempt.run_id == WorkReceipt.owner_run_id,
-             Attempt.generation == WorkReceipt.owner_generation,
-             Attempt.launch_id == WorkReceipt.owner_launch_id,
-             Attempt.state == ATTEMPT_ACTIVE,
-             Run.current_generation == Attempt.generation,
-             Run.status.not_in(list(TERMINAL_STATUSES))]
-    if lease_grace_s is not None:
-        where.append(Attempt.lease_expires_at > db_now(-lease_grace_s))
-    return sa.select(Attempt.id).join(Run, Run.id == Attempt.run_id).where(*where).exists()
 
 
 @dataclass(frozen=True)

@@ -22,24 +22,14 @@ from typing import Any
 import psycopg
 import redis
 
+from tasks.host.processes import pid_alive  # import tasks reads no setting
+
 PG_BASE = os.environ.get("BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
 
 
 BENCH_DBS = range(12, 16)  # tests claim 1-11
 _MARK = "playrun:bench-session"
-
-
-def _pid_alive(pid: int) -> bool:
-    # tasks.cli.embedded.pid_alive, copied: importing tasks before bench_env sets PLAYRUN_*
-    # would bind the Celery app to the wrong broker.
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def claim_redis_db(redis_base: str, preferred: int) -> int:
@@ -54,7 +44,7 @@ def claim_redis_db(redis_base: str, preferred: int) -> int:
         client = redis.Redis.from_url(f"{redis_base}/{db}")
         try:
             holder = client.get(_MARK)
-            if holder is not None and _pid_alive(int(holder)):
+            if holder is not None and pid_alive(int(holder)):
                 continue
             if db in busy and holder is None:
                 continue  # something else (a stray worker) is connected to it

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tasks.host.processes import pid_alive  # import tasks reads no setting
 from tests.private_servers import admin_url, database_url, ensure
 
 # The configured servers, or private ones from wheels when those do not answer.
@@ -31,18 +32,6 @@ PG_BASE, REDIS_BASE, PRIVATE_SERVERS = ensure(
     os.environ.get("PLAYRUN_TEST_REDIS", "redis://127.0.0.1:6379"))
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_MARK = "playrun:test-session"
-
-
-def _alive(pid: int) -> bool:
-    # tasks.cli.embedded.pid_alive, copied: importing tasks before BASE_ENV is in the
-    # environment would bind the Celery app to the wrong broker (as in bench/common.py).
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _dbs_in_use() -> set[int]:
@@ -66,7 +55,7 @@ def _claim_redis_db() -> int:
             if client.set(SESSION_MARK, os.getpid(), nx=True, ex=6 * 3600):
                 return db
             holder = client.get(SESSION_MARK)
-            if holder is not None and not _alive(int(holder)):
+            if holder is not None and not pid_alive(int(holder)):
                 client.flushdb()
                 if client.set(SESSION_MARK, os.getpid(), nx=True, ex=6 * 3600):
                     return db
@@ -140,7 +129,7 @@ def _drop_orphaned_databases() -> None:
             "select datname from pg_database where datname like 'playrun_test_%'")]
     for name in names:
         parts = name.split("_")
-        if len(parts) >= 3 and parts[2].isdigit() and not _alive(int(parts[2])):
+        if len(parts) >= 3 and parts[2].isdigit() and not pid_alive(int(parts[2])):
             _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

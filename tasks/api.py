@@ -21,10 +21,7 @@ from tasks.admission.relay import Message, publish_admitted, publish_due
 from tasks.admission.submit import Admitted, admit, admit_many
 from tasks.broker.app import app, send
 from tasks.constants import (
-    CANCELLED,
-    CANCELLED_CODE,
     DEFAULT_EVENTS_PAGE,
-    EV_CANCEL_REQUESTED,
     KEY_RUN_DONE,
     MAX_EVENTS_PAGE,
     MAX_SQL_BIGINT,
@@ -32,10 +29,11 @@ from tasks.constants import (
     TASK_CANCEL_ATTEMPT,
     TASK_START_ATTEMPT,
     TERMINAL_STATUSES,
+    EventKind,
 )
 from tasks.errors import RunNotFoundError, RunWaitTimeoutError
 from tasks.parse.checks import check_count, check_run_id, check_wait_timeout
-from tasks.settlement.outcome import Outcome
+from tasks.settlement.outcome import CANCELLED_OUTCOME
 from tasks.settlement.terminal import settle_unattended
 from tasks.store import ledger
 from tasks.store.db import ensure_schema_once, get_engine, session_scope
@@ -182,7 +180,7 @@ def _view(run: Run, attempts: list[Attempt]) -> RunView:
         attempts=[AttemptView(a.generation, a.state, a.sandbox_id, a.started_at, a.ended_at,
                               a.last_heartbeat_at,
                               a.lease_expires_at if a.runner_started_at is not None
-                              and a.state == "active" else None)
+                              and a.state == AttemptState.ACTIVE else None)
                   for a in attempts],
         play_path=run.play_path, idempotency_key=run.idempotency_key,
         deferral_count=run.deferral_count,
@@ -256,10 +254,10 @@ def cancel_run(run_id: str) -> RunView:
         first = run.status not in TERMINAL_STATUSES and run.cancel_requested_at is None
         if first:
             run.cancel_requested_at = db_now()
-            ledger.append(session, run_id, EV_CANCEL_REQUESTED, {})
+            ledger.append(session, run_id, EventKind.CANCEL_REQUESTED, {})
     if first:
         # Queued or deferred runs have nobody watching: settle here (a no-op if active).
-        settle_unattended(run_id, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"))
+        settle_unattended(run_id, CANCELLED_OUTCOME)
         launched = _launched_host(run_id)
         if launched is not None:
             # The sandbox's host deletes it, then writes `cancelled`; the runner also hears
@@ -275,7 +273,7 @@ def _launched_host(run_id: str) -> str | None:
         row = session.execute(sa.select(Attempt.host_queue).join(Run, Run.id == Attempt.run_id)
                               .where(Attempt.run_id == run_id,
                                      Attempt.generation == Run.current_generation,
-                                     Attempt.state == "active",
+                                     Attempt.state == AttemptState.ACTIVE,
                                      Attempt.runner_started_at.is_not(None))).first()
     return None if row is None else (row[0] or "")
 

@@ -25,7 +25,7 @@ class SheetRowView:
     key: str
     data: Any
     result: Any
-    status: str  # pending, done or failed
+    status: SheetRowStatus
     write_version: int
     error: str | None
     updated_at: datetime
@@ -73,8 +73,9 @@ def iter_sheet_rows(org_id: str, play: str, table: str, *,
                 .order_by(SheetRow.key).limit(batch)
             if after is not None:
                 stmt = stmt.where(SheetRow.key > after)
-            page = [SheetRowView(r.key, r.data, r.result, r.status, r.write_version, r.error,
-                                 r.updated_at) for r in session.scalars(stmt)]
+            page = [SheetRowView(r.key, r.data, r.result, SheetRowStatus(r.status),
+                                 r.write_version, r.error, r.updated_at)
+                    for r in session.scalars(stmt)]
         yield from page
         if len(page) < batch:
             return

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
-from tasks.constants import TERMINAL_STATUSES, AttemptState
+from tasks.constants import TERMINAL_STATUSES, AttemptState, EventKind
 from tasks.errors import FenceLostError
 from tasks.store.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
 
@@ -188,7 +188,7 @@ RETURNING id
 """
 
 
-def append_if_current(fence: Fence, kind: str, data: dict[str, Any]) -> bool:
+def append_if_current(fence: Fence, kind: EventKind, data: dict[str, Any]) -> bool:
     """PostgreSQL: append a ledger event in one round trip if the fence holds; False if it
     does not (nothing written). Elsewhere the caller uses hold() + ledger.append."""
     with driver_cursor() as cur:

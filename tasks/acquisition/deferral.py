@@ -42,7 +42,7 @@ Cause = Literal["hold", "throttle", "provider_capacity", "provider_rate_limited"
                 "capacity", "worker_lost"]
 
 
-class Verdict(enum.Enum):
+class Verdict(enum.StrEnum):
     """What a deferral did with the attempt."""
 
     DEFERRED = "deferred"  # parked for a later start

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import tasks
+from tasks.acquisition.sandbox import runner_files
 from tasks.errors import ConfigurationError
 from tasks.sandbox import LocalProvider, SandboxSpec
 from tasks.sandbox import supervisor as sup
@@ -34,7 +35,7 @@ from tests.support import FAST_STARTS, HELLO
 
 pytestmark = pytest.mark.slow
 ESCAPE = PLAYS / "escape.py"
-RUNNER = (ROOT / "tasks" / "execution" / "runner.py").read_bytes()
+RUNNER = runner_files()
 MAX_FILE_MB = 16
 MAX_DIR_MB = 48
 MAX_PROCESSES = 64
@@ -281,7 +282,7 @@ def _wait(prov: LocalProvider, sid: str, within: float = 30.0) -> None:
 
 
 def _sandbox(prov: LocalProvider, source: bytes, input_data: Any) -> str:
-    files = {"runner.py": RUNNER, "play.py": source, "input.json": json.dumps(input_data).encode()}
+    files = {**RUNNER, "play.py": source, "input.json": json.dumps(input_data).encode()}
     return prov.create(SandboxSpec(labels={"t": "iso"}, files=files)).sandbox_id
 
 

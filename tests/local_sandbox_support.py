@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from tasks.acquisition.sandbox import runner_files
-from tasks.sandbox import LocalProvider, ProcessStatus, SandboxSpec
-from tasks.sandbox import supervisor as sup
+from tasks.sandbox import LocalProvider, ProcessStatus, SandboxSpec, supervisor_proc
 from tasks.sandbox.local import pid_namespace_command, probe_strict
 from tasks.settings import get_settings
 
@@ -89,7 +88,7 @@ def find_pids(marker: str) -> set[int]:
     return {
         int(e.name)
         for e in os.scandir("/proc")
-        if e.name.isdigit() and any(marker in a for a in sup.read_cmdline(int(e.name)))
+        if e.name.isdigit() and any(marker in a for a in supervisor_proc.read_cmdline(int(e.name)))
     }
 
 

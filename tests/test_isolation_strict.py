@@ -25,8 +25,7 @@ import pytest
 import tasks
 from tasks.acquisition.sandbox import runner_files
 from tasks.errors import ConfigurationError
-from tasks.sandbox import LocalProvider, SandboxSpec
-from tasks.sandbox import supervisor as sup
+from tasks.sandbox import LocalProvider, SandboxSpec, supervisor_proc
 from tasks.sandbox.local import isolation as isolation_mod
 from tasks.settings import Settings, get_settings
 from tests.conftest import BASE_ENV, PLAYS, ROOT, SANDBOX_ROOT, TEST_PG_URL, Worker, worker_env
@@ -150,7 +149,7 @@ def host_pids(marker: str) -> set[int]:
     return {
         int(e.name)
         for e in os.scandir("/proc")
-        if e.name.isdigit() and any(marker in a for a in sup.read_cmdline(int(e.name)))
+        if e.name.isdigit() and any(marker in a for a in supervisor_proc.read_cmdline(int(e.name)))
     }
 
 

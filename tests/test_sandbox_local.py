@@ -24,8 +24,9 @@ from tasks.sandbox import (
     SandboxNotFoundError,
     SandboxSpec,
     get_provider,
+    supervisor_limits,
+    supervisor_proc,
 )
-from tasks.sandbox import supervisor as sup
 from tasks.sandbox.local import limits as limits_mod
 from tasks.sandbox.local.processes import is_live
 from tests.local_sandbox_support import (  # noqa: F401 (provider: a fixture)
@@ -100,7 +101,7 @@ def test_the_exec_env_and_its_token_are_never_written_to_disk(provider: LocalPro
     sid = play_sandbox(provider, "import time\ndef run(ctx, input):\n    time.sleep(1000)\n")
     provider.exec_detached(sid, ["{python}", "runner.py", "--timeout", "100"],
                            env={"PLAYRUN_TOKEN": token}, timeout_s=100)
-    wait_for(lambda: (provider.control_root / sid / sup.NS_FILE).exists()
+    wait_for(lambda: (provider.control_root / sid / supervisor_proc.NS_FILE).exists()
              or not is_strict(provider))
     for base in (provider.root, provider.control_root):
         for path in base.rglob("*"):
@@ -282,7 +283,7 @@ def test_cgroup_v2_limits_are_probed_and_written(
     limits = limits_mod.cgroup_limits(256, 32, 0.5)
     assert limits == {"memory.max": str(256 << 20), "memory.swap.max": "0",
                       "pids.max": "32", "cpu.max": "50000 100000"}
-    applied = sup.cgroup_enter(base / "lsb-0123456789abcdef", limits, 4242)
+    applied = supervisor_limits.cgroup_enter(base / "lsb-0123456789abcdef", limits, 4242)
     assert applied == list(limits)
     assert (base / "lsb-0123456789abcdef" / "cgroup.procs").read_text() == "4242"
     assert (base / "lsb-0123456789abcdef" / "pids.max").read_text() == "32"

@@ -352,27 +352,6 @@ class Uplink:
         with contextlib.suppress(Unavailable, Refused), self._sending:
             self._send_pending()
 
-    # --- the play's own calls (steps, sheets) -------------------------------------------
-
-    def call_until(self, body: dict[str, Any], deadline: float) -> Any:
-        """One action with the runner's token, retried with backoff while the gateway is
-        unavailable until `deadline` (time.monotonic()), then Unavailable. A refusal is
-        raised; one that ends this runner's ownership of its attempt stops it first."""
-        pause = RETRY_FIRST_S
-        while True:
-            try:
-                return self.gateway.call(self.token, body)
-            except Refused as exc:
-                if exc.code in protocol.STOP_CODES:
-                    self.on_stop(f"the gateway refused {body.get('action')}: {exc}")
-                raise
-            except Unavailable:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                time.sleep(min(pause * jitter(), left))
-                pause = min(pause * 2, RETRY_MAX_S)
-
     # --- the terminal --------------------------------------------------------------------
 
     def complete(self, result: dict[str, Any], deadline: float) -> bool:
@@ -396,3 +375,23 @@ class Uplink:
     def stop(self) -> None:
         self._done.set()
         self._wake.set()
+
+
+def call_until(uplink: Any, body: dict[str, Any], deadline: float) -> Any:
+    """One action with the uplink's runner token (the play's steps and sheets), retried
+    with backoff while the gateway is unavailable until `deadline` (time.monotonic()), then
+    Unavailable. A refusal is raised; one that ends this runner's ownership stops it first."""
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            return uplink.gateway.call(uplink.token, body)
+        except Refused as exc:
+            if exc.code in protocol.STOP_CODES:
+                uplink.on_stop(f"the gateway refused {body.get('action')}: {exc}")
+            raise
+        except Unavailable:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            time.sleep(min(pause * jitter(), left))
+            pause = min(pause * 2, RETRY_MAX_S)

@@ -123,7 +123,7 @@ class Sheet:
             raise SheetError("runtime sheets need the gateway; this runner has none")
         action = body["action"]
         try:
-            answer = self._uplink.call_until(body, time.monotonic() + RETRY_FOR_S)
+            answer = client.call_until(self._uplink, body, time.monotonic() + RETRY_FOR_S)
         except client.Refused as exc:
             if (
                 action == protocol.ACTION_SHEET_START_WITH_INTENT

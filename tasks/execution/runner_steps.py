@@ -232,7 +232,7 @@ class Steps:
     def _call(self, body: dict[str, Any], deadline: float) -> Any:
         """One action, retried while the gateway is unavailable; refusals are StepErrors."""
         try:
-            return self._uplink.call_until(body, deadline)
+            return client.call_until(self._uplink, body, deadline)
         except client.Refused as exc:
             code = exc.code
             raise StepError(

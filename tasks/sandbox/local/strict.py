@@ -1,6 +1,6 @@
 """Strict isolation's host side: what a bubblewrap sandbox sees of the host (resolved once
 per process) and the `strict` part of the supervisor's config. The bwrap command line
-itself is built by the supervisor (tasks/sandbox/supervisor.py) from this config."""
+itself is built by the supervisor (tasks/sandbox/supervisor_strict.py) from this config."""
 
 from __future__ import annotations
 

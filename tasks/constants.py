@@ -5,6 +5,9 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+# Codes, file names and limits shared with the runner in a sandbox: tasks/protocol.py.
+from tasks import protocol
+
 # States and kinds the database stores: each value is exactly the string in its column,
 # so a StrEnum member compares equal to what SQL, Lua and older rows hold.
 
@@ -119,12 +122,12 @@ TERMINAL_EVENT: Final = {
 }
 
 # Stable failure codes (SPEC section 5).
-PLAY_NOT_FOUND: Final = "PLAY_NOT_FOUND"
-PLAY_INVALID: Final = "PLAY_INVALID"
-PLAY_ERROR: Final = "PLAY_ERROR"
-OUTPUT_INVALID: Final = "OUTPUT_INVALID"
-INPUT_INVALID: Final = "INPUT_INVALID"
-RUN_TIMEOUT: Final = "RUN_TIMEOUT"
+PLAY_NOT_FOUND: Final = protocol.PLAY_NOT_FOUND
+PLAY_INVALID: Final = protocol.PLAY_INVALID
+PLAY_ERROR: Final = protocol.PLAY_ERROR
+OUTPUT_INVALID: Final = protocol.OUTPUT_INVALID
+INPUT_INVALID: Final = protocol.INPUT_INVALID
+RUN_TIMEOUT: Final = protocol.RUN_TIMEOUT
 SANDBOX_CAPACITY_EXCEEDED: Final = "SANDBOX_CAPACITY_EXCEEDED"
 START_DEFERRAL_EXHAUSTED: Final = "START_DEFERRAL_EXHAUSTED"
 RUNTIME_RUNNER_LOST: Final = "RUNTIME_RUNNER_LOST"
@@ -133,12 +136,11 @@ SANDBOX_START_FAILED: Final = "SANDBOX_START_FAILED"
 # Maintenance kept failing on this run (see tasks/maintenance/trouble.py).
 RUNTIME_INTERNAL_ERROR: Final = "RUNTIME_INTERNAL_ERROR"
 # Codes a run may fail with from ctx.step (tasks/execution/runner_steps.py).
-STEP_CODES: Final = frozenset({"STEP_KEY_INVALID", "STEP_INVALID", "STEP_RECURSIVE",
-                               "STEP_UNAVAILABLE", "STEP_REFUSED", "RECEIPT_NOT_HELD"})
+STEP_CODES: Final = protocol.STEP_CODES
 # Runtime sheets (SPEC 4.8): a writer superseded by a newer write version, and a gateway
 # without the write-intent start.
-RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Final = "RUNTIME_SHEET_ATTEMPT_SUPERSEDED"
-RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE: Final = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
+RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Final = protocol.RUNTIME_SHEET_ATTEMPT_SUPERSEDED
+RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE: Final = protocol.RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE
 
 CAPACITY_EXCEEDED_MESSAGE: Final = (
     "This organization's execution concurrency limit is currently full."
@@ -152,14 +154,14 @@ LABEL_ORG: Final = "playrun.org"
 LABEL_LEASE: Final = "playrun.lease"
 
 # Files a runner leaves in its sandbox.
-RESULT_FILE: Final = "result.json"
-EVENTS_FILE: Final = "events.jsonl"
-PLAY_FILE: Final = "play.py"
-INPUT_FILE: Final = "input.json"
-RUNNER_FILE: Final = "runner.py"
-RUNNER_CLIENT_FILE: Final = "playrun_client.py"
-RUNNER_STEPS_FILE: Final = "playrun_steps.py"
-RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
+RESULT_FILE: Final = protocol.RESULT_FILE
+EVENTS_FILE: Final = protocol.EVENTS_FILE
+PLAY_FILE: Final = protocol.PLAY_FILE
+INPUT_FILE: Final = protocol.INPUT_FILE
+RUNNER_FILE: Final = protocol.RUNNER_FILE
+RUNNER_CLIENT_FILE: Final = protocol.RUNNER_CLIENT_FILE
+RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
+RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
 # The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
 SCHEMA_REVISION: Final = "0009"
@@ -206,9 +208,9 @@ PING_IDLE_S: Final = 1.0
 
 # Limits.
 MAX_INPUT_BYTES: Final = 256 * 1024
-MAX_OUTPUT_BYTES: Final = 1024 * 1024
+MAX_OUTPUT_BYTES: Final = protocol.MAX_OUTPUT_BYTES
 MAX_RESULT_FILE_BYTES: Final = 2 * 1024 * 1024
-MAX_EVENT_BYTES: Final = 16 * 1024
+MAX_EVENT_BYTES: Final = protocol.MAX_EVENT_BYTES
 MAX_PLAY_BYTES: Final = 1024 * 1024
 MAX_INPUT_DEPTH: Final = 64  # nesting of lists and objects in a run input
 MAX_INPUT_INT: Final = 2**63  # |n| < this: an int64 survives JSONB, SQLite and Python alike
@@ -238,13 +240,13 @@ MAX_SQL_BIGINT: Final = 2**63 - 1  # a BigInteger column (run_events.id)
 MAX_DURATION_S: Final = 365 * 86400.0  # operator holds, throttles and waits
 MAX_STATS_WINDOW_S: Final = 10 * 365 * 86400.0
 # ctx.step: the step key and the JSON output a work receipt keeps.
-MAX_STEP_KEY_CHARS: Final = 1024
-MAX_STEP_OUTPUT_BYTES: Final = 256 * 1024
-MAX_STEP_TTL_S: Final = 10 * 365 * 86400
+MAX_STEP_KEY_CHARS: Final = protocol.MAX_STEP_KEY_CHARS
+MAX_STEP_OUTPUT_BYTES: Final = protocol.MAX_STEP_OUTPUT_BYTES
+MAX_STEP_TTL_S: Final = protocol.MAX_STEP_TTL_S
 # Runtime sheets: what one request may carry.
-SHEET_MAX_PAGE_ROWS: Final = 2000
-SHEET_MAX_KEY_BYTES: Final = 1024
-SHEET_MAX_ROW_BYTES: Final = 64 * 1024
+SHEET_MAX_PAGE_ROWS: Final = protocol.SHEET_MAX_PAGE_ROWS
+SHEET_MAX_KEY_BYTES: Final = protocol.SHEET_MAX_KEY_BYTES
+SHEET_MAX_ROW_BYTES: Final = protocol.SHEET_MAX_ROW_BYTES
 SHEET_MAX_READ_BYTES: Final = 2 * 1024 * 1024
 # The development signing secret; refused when a PostgreSQL database is configured.
 DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tasks import protocol
+
 
 class PlayrunError(Exception):
     """Root of every error playrun raises on purpose."""
@@ -38,19 +40,19 @@ class SchemaNotCurrentError(PlayrunError):
 class PlayNotFoundError(PlayrunError):
     """The play file does not exist."""
 
-    code = "PLAY_NOT_FOUND"
+    code = protocol.PLAY_NOT_FOUND
 
 
 class PlayInvalidError(PlayrunError):
     """The play cannot be loaded (syntax error, no run function)."""
 
-    code = "PLAY_INVALID"
+    code = protocol.PLAY_INVALID
 
 
 class InputInvalidError(PlayrunError):
     """An argument from app code or an operator is malformed, out of range or too large."""
 
-    code = "INPUT_INVALID"
+    code = protocol.INPUT_INVALID
 
 
 class DocumentInvalidError(PlayrunError):
@@ -115,7 +117,7 @@ class RunWaitTimeoutError(PlayrunError):
 class FenceLostError(PlayrunError):
     """The attempt no longer holds the current, unexpired lease; nothing was written."""
 
-    code = "FENCE_LOST"
+    code = protocol.FENCE_LOST
 
 
 class CapacityExceededError(PlayrunError):
@@ -127,13 +129,13 @@ class CapacityExceededError(PlayrunError):
 class RuntimeSheetWriteIntentUnavailableError(PlayrunError):
     """The gateway does not offer the write-intent sheet start (never fall back to the legacy)."""
 
-    code = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
+    code = protocol.RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE
 
 
 class RuntimeSheetAttemptSupersededError(PlayrunError):
     """A newer write version owns this writer's sheet rows: the writer must stop."""
 
-    code = "RUNTIME_SHEET_ATTEMPT_SUPERSEDED"
+    code = protocol.RUNTIME_SHEET_ATTEMPT_SUPERSEDED
 
 
 class SheetWriteIntentInvalidError(PlayrunError):
@@ -151,7 +153,7 @@ class SheetWriteVersionMismatchError(PlayrunError):
 class GatewayError(PlayrunError):
     """The gateway refused the request."""
 
-    code = "GATEWAY_BAD_REQUEST"
+    code = protocol.GATEWAY_BAD_REQUEST
     status = 400
 
 
@@ -162,14 +164,14 @@ class GatewayBadRequestError(GatewayError):
 class GatewayBodyTooLargeError(GatewayError):
     """The request body is larger than the gateway accepts."""
 
-    code = "GATEWAY_BODY_TOO_LARGE"
+    code = protocol.GATEWAY_BODY_TOO_LARGE
     status = 413
 
 
 class GatewayUnknownActionError(GatewayError):
     """The gateway does not know this action."""
 
-    code = "GATEWAY_UNKNOWN_ACTION"
+    code = protocol.GATEWAY_UNKNOWN_ACTION
     status = 404
 
 
@@ -183,21 +185,21 @@ class GatewayUnknownFieldError(GatewayError):
 class TokenInvalidError(GatewayError):
     """The capability token is missing, forged or malformed."""
 
-    code = "GATEWAY_TOKEN_INVALID"
+    code = protocol.GATEWAY_TOKEN_INVALID
     status = 401
 
 
 class TokenExpiredError(GatewayError):
     """The capability token has expired."""
 
-    code = "GATEWAY_TOKEN_EXPIRED"
+    code = protocol.GATEWAY_TOKEN_EXPIRED
     status = 401
 
 
 class CapabilityDeniedError(GatewayError):
     """The token does not grant this action."""
 
-    code = "GATEWAY_CAPABILITY_DENIED"
+    code = protocol.GATEWAY_CAPABILITY_DENIED
     status = 403
 
 
@@ -205,12 +207,12 @@ class CapabilityDeniedError(GatewayError):
 class ReceiptNotHeldError(GatewayError):
     """This attempt does not hold the work receipt it tries to settle."""
 
-    code = "RECEIPT_NOT_HELD"
+    code = protocol.RECEIPT_NOT_HELD
     status = 409
 
 
 class StepOutputInvalidError(GatewayError):
     """A step's output is not storable JSON or is larger than a receipt keeps."""
 
-    code = "OUTPUT_INVALID"
+    code = protocol.OUTPUT_INVALID
     status = 400

@@ -38,8 +38,6 @@ class Settings(BaseSettings):
     # Runtime sheets: rows a runner admits per request, and row results it writes per request.
     sheet_page_rows: int = Field(default=500, ge=1, le=SHEET_MAX_PAGE_ROWS)
     sheet_write_rows: int = Field(default=200, ge=1, le=SHEET_MAX_PAGE_ROWS)
-    # Gateway actions this gateway refuses as unknown (stands in for an older release).
-    gateway_withdrawn_actions: list[str] = []
     secret_key: str = DEV_SECRET_KEY
     sandbox_provider: str = "local"
     sandbox_root: Path = _HOME / "sandboxes"

@@ -262,6 +262,8 @@ class Worker:
 class Gateway:
     """A real `playrun gateway` subprocess (TCP and Unix socket)."""
 
+    module = "tasks.cli.main"  # run as `python -m module gateway`
+
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
         self.url = env["PLAYRUN_GATEWAY_URL"]
@@ -271,7 +273,7 @@ class Gateway:
 
     def start(self) -> None:
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "gateway"],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "gateway"],
                                      env=self.env, cwd=str(ROOT), stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=die_with_parent)

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from tasks.sandbox import LocalProvider, ProcessStatus, SandboxSpec
-from tasks.sandbox import supervisor as sup
+from tasks.acquisition.sandbox import runner_files
+from tasks.sandbox import LocalProvider, ProcessStatus, SandboxSpec, supervisor_proc
 from tasks.sandbox.local import pid_namespace_command, probe_strict
 from tasks.settings import get_settings
 
-RUNNER = (Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py").read_bytes()
+RUNNER = runner_files()  # every runner file, by its name in the sandbox
 # Every test runs in strict isolation (bubblewrap) and once in process mode; the process-tree
 # tests also with process mode's two layouts (PID namespace, plain process group).
 TREE_MODES = ["strict", "pidns", "pgroup"]
@@ -59,7 +59,7 @@ def wait_exit(prov: LocalProvider, sandbox_id: str, within: float = 15.0) -> Pro
 
 def play_sandbox(prov: LocalProvider, source: str, input_data: Any = None, **spec: Any) -> str:
     files = {
-        "runner.py": RUNNER,
+        **RUNNER,
         "play.py": source.encode(),
         "input.json": json.dumps(input_data).encode(),
     }
@@ -88,7 +88,7 @@ def find_pids(marker: str) -> set[int]:
     return {
         int(e.name)
         for e in os.scandir("/proc")
-        if e.name.isdigit() and any(marker in a for a in sup.read_cmdline(int(e.name)))
+        if e.name.isdigit() and any(marker in a for a in supervisor_proc.read_cmdline(int(e.name)))
     }
 
 

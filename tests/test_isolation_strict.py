@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 import tasks
+from tasks.acquisition.sandbox import runner_files
 from tasks.errors import ConfigurationError
-from tasks.sandbox import LocalProvider, SandboxSpec
-from tasks.sandbox import supervisor as sup
+from tasks.sandbox import LocalProvider, SandboxSpec, supervisor_proc
 from tasks.sandbox.local import isolation as isolation_mod
 from tasks.settings import Settings, get_settings
 from tests.conftest import BASE_ENV, PLAYS, ROOT, SANDBOX_ROOT, TEST_PG_URL, Worker, worker_env
@@ -34,7 +34,7 @@ from tests.support import FAST_STARTS, HELLO
 
 pytestmark = pytest.mark.slow
 ESCAPE = PLAYS / "escape.py"
-RUNNER = (ROOT / "tasks" / "execution" / "runner.py").read_bytes()
+RUNNER = runner_files()
 MAX_FILE_MB = 16
 MAX_DIR_MB = 48
 MAX_PROCESSES = 64
@@ -149,7 +149,7 @@ def host_pids(marker: str) -> set[int]:
     return {
         int(e.name)
         for e in os.scandir("/proc")
-        if e.name.isdigit() and any(marker in a for a in sup.read_cmdline(int(e.name)))
+        if e.name.isdigit() and any(marker in a for a in supervisor_proc.read_cmdline(int(e.name)))
     }
 
 
@@ -281,7 +281,7 @@ def _wait(prov: LocalProvider, sid: str, within: float = 30.0) -> None:
 
 
 def _sandbox(prov: LocalProvider, source: bytes, input_data: Any) -> str:
-    files = {"runner.py": RUNNER, "play.py": source, "input.json": json.dumps(input_data).encode()}
+    files = {**RUNNER, "play.py": source, "input.json": json.dumps(input_data).encode()}
     return prov.create(SandboxSpec(labels={"t": "iso"}, files=files)).sandbox_id
 
 

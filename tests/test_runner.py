@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +11,14 @@ from typing import Any
 
 import pytest
 
-RUNNER = Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py"
+from tasks.acquisition.sandbox import runner_files
+
+
+def copy_runner(directory: Path, without: tuple[str, ...] = ()) -> None:
+    """The runner's files as the host uploads them into a sandbox."""
+    for name, data in runner_files().items():
+        if name not in without:
+            (directory / name).write_bytes(data)
 
 
 def run_play(
@@ -22,8 +28,9 @@ def run_play(
     *,
     timeout: float = 10.0,
     env: dict[str, str] | None = None,
+    without: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[bytes]]:
-    shutil.copy(RUNNER, directory / "runner.py")
+    copy_runner(directory, without)
     if source is not None:
         data = source.encode() if isinstance(source, str) else source
         (directory / "play.py").write_bytes(data)
@@ -229,7 +236,7 @@ def test_exit_code_nonzero_when_result_cannot_be_written(tmp_path: Path) -> None
     # A non-empty directory where result.json should go: the atomic rename must fail.
     (tmp_path / "result.json").mkdir()
     (tmp_path / "result.json" / "x").write_text("")
-    shutil.copy(RUNNER, tmp_path / "runner.py")
+    copy_runner(tmp_path)
     (tmp_path / "play.py").write_text("def run(ctx, input):\n    return 1\n")
     (tmp_path / "input.json").write_text("{}")
     proc = subprocess.run(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tasks.acquisition.sandbox import runner_files
 from tasks.sandbox import (
     CapacityUnavailableError,
     FakeProvider,
@@ -22,7 +23,7 @@ from tasks.sandbox import (
     get_provider,
 )
 
-RUNNER = (Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py").read_bytes()
+RUNNER = runner_files()
 SPEC = SandboxSpec(labels={"playrun": "1"}, files={})
 
 
@@ -134,7 +135,7 @@ def test_lose_runner(tmp_path: Path) -> None:
     prov = FakeProvider(tmp_path)
     prov.script.set(lose_runner=1)
     files = {
-        "runner.py": RUNNER,
+        **RUNNER,
         "play.py": b"def run(ctx, input):\n    return 'ok'\n",
         "input.json": b"{}",
     }

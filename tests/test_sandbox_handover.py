@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.sandbox import LocalProvider, SandboxSpec
-from tasks.sandbox import supervisor as sup
+from tasks.sandbox import LocalProvider, SandboxSpec, supervisor_proc
 from tasks.sandbox.local import probe_strict
 from tasks.sandbox.local.records import PROC_FILE
 from tasks.settings import get_settings
@@ -38,14 +37,14 @@ def provider(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalPr
 
 def _launch_and_die(root: str, isolation: str, sandbox_id: str) -> None:
     """In a forked child: exec, SIGKILLed right after the process record is written."""
-    write_atomic = sup.write_atomic
+    write_atomic = supervisor_proc.write_atomic
 
     def write_then_die(path: Path, data: bytes) -> None:
         write_atomic(path, data)
         if path.name == PROC_FILE:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    sup.write_atomic = write_then_die  # type: ignore[assignment]
+    supervisor_proc.write_atomic = write_then_die  # type: ignore[assignment]
     LocalProvider(Path(root), isolation=isolation).exec_detached(  # type: ignore[arg-type]
         sandbox_id, ["{python}", "-c", "open('ran', 'w').write('ran')"], env={}, timeout_s=30)
 

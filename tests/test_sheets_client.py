@@ -8,7 +8,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 import tasks
+from tasks.acquisition.sandbox import runner_files
 from tasks.execution import runner_client, runner_sheets
 from tasks.execution.launch import runner_env
 from tasks.execution.runner_sheets import (
@@ -365,9 +365,8 @@ def run(ctx, input):
 
 
 def runner_dir(tmp_path: Path, source: str) -> Path:
-    shutil.copy(EXECUTION / "runner.py", tmp_path / "runner.py")
-    shutil.copy(EXECUTION / "runner_client.py", tmp_path / "playrun_client.py")
-    shutil.copy(EXECUTION / "runner_sheets.py", tmp_path / "playrun_sheets.py")
+    for name, data in runner_files().items():
+        (tmp_path / name).write_bytes(data)
     (tmp_path / "play.py").write_text(source)
     (tmp_path / "input.json").write_text("{}")
     return tmp_path

@@ -1,12 +1,12 @@
 """A runner meets an older gateway that does not know `sheet_start_with_intent`: the run
 fails RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE and nothing falls back to the legacy start.
 
-The older release is a second real gateway process with the action withdrawn, on its own
-port and socket; this module's worker (and so its sandboxes) is pointed at it."""
+The older release is a second real gateway process without the action in its table
+(tests/old_gateway.py), on its own port and socket; this module's worker (and so its
+sandboxes) is pointed at it."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,13 +45,16 @@ def older_env(pg_url: str) -> Iterator[dict[str, str]]:
     yield worker_env(
         PLAYRUN_GATEWAY_URL=f"http://127.0.0.1:{free_port()}",
         PLAYRUN_GATEWAY_SOCKET=str(directory / "sock" / "gateway.sock"),
-        PLAYRUN_GATEWAY_WITHDRAWN_ACTIONS=json.dumps(["sheet_start_with_intent"]),
         PLAYRUN_REAP_INTERVAL_S="1")
+
+
+class OlderGateway(Gateway):
+    module = "tests.old_gateway"  # the real gateway without sheet_start_with_intent
 
 
 @pytest.fixture(scope="module")
 def older_gateway(older_env: dict[str, str]) -> Iterator[Gateway]:
-    g = Gateway(older_env)
+    g = OlderGateway(older_env)
     yield g
     g.stop()
 

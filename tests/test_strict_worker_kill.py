@@ -21,8 +21,7 @@ import pytest
 
 import tasks
 from tasks.constants import LABEL_RUN
-from tasks.sandbox import LocalProvider, SandboxSpec
-from tasks.sandbox import supervisor as sup
+from tasks.sandbox import LocalProvider, SandboxSpec, supervisor_proc, supervisor_strict
 from tasks.sandbox.local import probe_strict
 from tasks.sandbox.local.processes import is_live
 from tasks.sandbox.local.records import read_json
@@ -44,7 +43,7 @@ if _strict_unavailable():
 
 
 def ns_record(provider: LocalProvider, sandbox_id: str) -> dict[str, Any]:
-    return read_json(provider.control_root / sandbox_id / sup.NS_FILE) or {}
+    return read_json(provider.control_root / sandbox_id / supervisor_proc.NS_FILE) or {}
 
 
 def finished_sandbox(provider: LocalProvider) -> str:
@@ -63,11 +62,13 @@ def reuse_namespace_number(provider: LocalProvider, old: str, pidns: int) -> Non
     number names the live namespace every time, whatever else runs on this machine."""
     record = ns_record(provider, old)
     record["pidns"] = pidns
-    sup.write_atomic(provider.control_root / old / sup.NS_FILE, json.dumps(record).encode())
+    path = provider.control_root / old / supervisor_proc.NS_FILE
+    supervisor_proc.write_atomic(path, json.dumps(record).encode())
 
 
 def outer_pids(marker: str) -> set[int]:
-    return {pid for pid in sup.process_table() if any(marker in a for a in sup.read_cmdline(pid))}
+    return {pid for pid in supervisor_proc.process_table()
+            if any(marker in a for a in supervisor_proc.read_cmdline(pid))}
 
 
 def test_deleting_an_old_sandbox_spares_the_one_that_got_its_namespace_number(
@@ -87,7 +88,7 @@ def test_deleting_an_old_sandbox_spares_the_one_that_got_its_namespace_number(
     assert all(is_live(pid) for pid in sleeper), "an old sandbox's delete killed a new one"
     assert provider.poll(new).state == "running"
     # Its own delete still ends it, at once: nothing of it outlives the delete.
-    everything = outer_pids(sup.BWRAP_MARK + new) | sleeper
+    everything = outer_pids(supervisor_strict.BWRAP_MARK + new) | sleeper
     provider.delete(new)
     assert not [pid for pid in everything if is_live(pid)]
 

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, RuntimeResource, db_now, new_id
+from tasks import protocol
 from tasks.acquisition.claim import Claimed
 from tasks.constants import (
     INPUT_FILE,
@@ -27,10 +28,6 @@ from tasks.constants import (
     LABEL_ORG,
     LABEL_RUN,
     PLAY_FILE,
-    RUNNER_CLIENT_FILE,
-    RUNNER_FILE,
-    RUNNER_SHEETS_FILE,
-    RUNNER_STEPS_FILE,
     EventKind,
     SandboxState,
 )
@@ -45,9 +42,27 @@ from tasks.store.fence import Fence, append_if_current, hold, renew
 log = logging.getLogger("playrun.acquisition")
 
 
+# The runner's files: host source (under tasks/) -> its name in the sandbox, where they
+# sit flat beside each other and import each other by these names.
+RUNNER_SOURCES = {
+    "execution/runner.py": protocol.RUNNER_FILE,
+    "execution/runner_context.py": protocol.RUNNER_CONTEXT_FILE,
+    "execution/runner_client.py": protocol.RUNNER_CLIENT_FILE,
+    "execution/runner_steps.py": protocol.RUNNER_STEPS_FILE,
+    "execution/runner_sheets.py": protocol.RUNNER_SHEETS_FILE,
+    "execution/runner_sheetrows.py": protocol.RUNNER_SHEETROWS_FILE,
+    "protocol.py": protocol.PROTOCOL_FILE,
+}
+
+
 @functools.cache  # read once per process: every sandbox gets the same bytes
-def runner_source(name: str = "runner.py") -> bytes:
-    return resources.files("tasks.execution").joinpath(name).read_bytes()
+def runner_source(path: str = "execution/runner.py") -> bytes:
+    return resources.files("tasks").joinpath(path).read_bytes()
+
+
+def runner_files() -> dict[str, bytes]:
+    """Every file of the runner, by its name in the sandbox."""
+    return {name: runner_source(path) for path, name in RUNNER_SOURCES.items()}
 
 
 def labels_for(claimed: Claimed, lease_id: str | None) -> dict[str, str]:
@@ -68,10 +83,7 @@ def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> Sand
         files={
             PLAY_FILE: claimed.play_source.encode(),
             INPUT_FILE: json.dumps(claimed.input).encode(),
-            RUNNER_FILE: runner_source(),
-            RUNNER_CLIENT_FILE: runner_source("runner_client.py"),
-            RUNNER_STEPS_FILE: runner_source("runner_steps.py"),
-            RUNNER_SHEETS_FILE: runner_source("runner_sheets.py"),
+            **runner_files(),
         },
         memory_mb=settings.sandbox_memory_mb,
         max_file_mb=settings.sandbox_max_file_mb,

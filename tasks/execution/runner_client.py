@@ -16,17 +16,21 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-PATH = "/v1/runtime"
+if TYPE_CHECKING or __package__:  # the host imports the runner's files as tasks.execution.*
+    from tasks import protocol
+else:  # in the sandbox they are flat files beside runner.py
+    import playrun_protocol as protocol
+
 REQUEST_TIMEOUT_S = 10.0
 BATCH = 500
 # Events held in memory while the gateway is away; beyond this they are counted, not kept.
 BUFFER_LIMIT = 20_000
 DELIVER_EVERY_S = 0.2
-# Answers that mean this runner no longer owns its attempt: it must stop.
-STOP_CODES = frozenset({"FENCE_LOST", "GATEWAY_TOKEN_EXPIRED", "GATEWAY_TOKEN_INVALID",
-                        "GATEWAY_CAPABILITY_DENIED"})
+# call_until's backoff while the gateway is unavailable: first and longest pause (seconds).
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 2.0
 
 
 class Refused(Exception):
@@ -73,8 +77,11 @@ class _Connection:
         """(status, body, whether the gateway will close the connection)."""
         self.sock.sendall(
             f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-            .encode("latin-1") + data)
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode(
+                "latin-1"
+            )
+            + data
+        )
         received = False
         while b"\r\n\r\n" not in self.buffer:
             if len(self.buffer) > MAX_HEAD_BYTES:
@@ -104,7 +111,7 @@ class _Connection:
                 self._fill()
             except _Stale:
                 raise Unavailable("the gateway closed the connection mid-answer") from None
-        body, self.buffer = self.buffer[:int(length)], self.buffer[int(length):]
+        body, self.buffer = self.buffer[: int(length)], self.buffer[int(length) :]
         closing = headers.get("connection", "").lower() == "close"
         return int(parts[1]), body, closing
 
@@ -147,7 +154,7 @@ class Gateway:
             try:
                 if conn is None:
                     conn = self._connect()
-                status, raw, closing = conn.post(PATH, data, token)
+                status, raw, closing = conn.post(protocol.GATEWAY_PATH, data, token)
             except (_Stale, OSError) as exc:
                 if conn is not None:
                     conn.close()
@@ -181,7 +188,7 @@ class Gateway:
         raise Refused(status, str(doc.get("code")), str(doc.get("error")))
 
 
-def _jitter() -> float:
+def jitter() -> float:
     """0.5 to 1.5, without importing random (its import costs more than this needs)."""
     return 0.5 + int.from_bytes(os.urandom(2), "big") / 65535
 
@@ -189,8 +196,15 @@ def _jitter() -> float:
 class Uplink:
     """Heartbeat and progress threads of one runner, and its final push."""
 
-    def __init__(self, gateway: Gateway, token: str, projection_token: str, launch_id: str,
-                 interval_s: float, on_stop: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        token: str,
+        projection_token: str,
+        launch_id: str,
+        interval_s: float,
+        on_stop: Callable[[str], None],
+    ) -> None:
         self.gateway = gateway
         self.token = token
         self.projection_token = projection_token
@@ -211,10 +225,19 @@ class Uplink:
     @classmethod
     def from_env(cls, on_stop: Callable[[str], None]) -> Uplink | None:
         # Taken out of the environment before the play starts: it needs none of them.
-        env = {name: os.environ.pop(name, "") for name in (
-            "PLAYRUN_TOKEN", "PLAYRUN_PROJECTION_TOKEN", "PLAYRUN_GATEWAY_URL",
-            "PLAYRUN_GATEWAY_SOCKET", "PLAYRUN_LAUNCH_ID", "PLAYRUN_HEARTBEAT_S",
-            "PLAYRUN_SHEET_PAGE_ROWS", "PLAYRUN_SHEET_WRITE_ROWS")}
+        env = {
+            name: os.environ.pop(name, "")
+            for name in (
+                "PLAYRUN_TOKEN",
+                "PLAYRUN_PROJECTION_TOKEN",
+                "PLAYRUN_GATEWAY_URL",
+                "PLAYRUN_GATEWAY_SOCKET",
+                "PLAYRUN_LAUNCH_ID",
+                "PLAYRUN_HEARTBEAT_S",
+                "PLAYRUN_SHEET_PAGE_ROWS",
+                "PLAYRUN_SHEET_WRITE_ROWS",
+            )
+        }
         token, projection = env["PLAYRUN_TOKEN"], env["PLAYRUN_PROJECTION_TOKEN"]
         url = env["PLAYRUN_GATEWAY_URL"]
         if not (token and projection and url):
@@ -224,14 +247,17 @@ class Uplink:
             interval = float(env["PLAYRUN_HEARTBEAT_S"] or 5)
         except ValueError:
             interval = 5.0
-        uplink = cls(gateway, token, projection, env["PLAYRUN_LAUNCH_ID"] or "launch",
-                     interval, on_stop)
+        uplink = cls(
+            gateway, token, projection, env["PLAYRUN_LAUNCH_ID"] or "launch", interval, on_stop
+        )
         uplink.sheet_rows = (env["PLAYRUN_SHEET_PAGE_ROWS"], env["PLAYRUN_SHEET_WRITE_ROWS"])
         return uplink
 
     def start(self) -> None:
-        for target, name in ((self._beat, "playrun-heartbeat"),
-                             (self._deliver_loop, "playrun-progress")):
+        for target, name in (
+            (self._beat, "playrun-heartbeat"),
+            (self._deliver_loop, "playrun-progress"),
+        ):
             threading.Thread(target=target, name=name, daemon=True).start()
 
     # --- heartbeats --------------------------------------------------------------------
@@ -239,11 +265,11 @@ class Uplink:
     def _beat(self) -> None:
         while not self._done.is_set():
             try:
-                answer = self.gateway.call(self.token, {"action": "heartbeat"})
+                answer = self.gateway.call(self.token, {"action": protocol.ACTION_HEARTBEAT})
                 if isinstance(answer, dict) and answer.get("cancel"):
                     self.on_stop("the run was cancelled")
             except Refused as exc:
-                if exc.code in STOP_CODES:
+                if exc.code in protocol.STOP_CODES:
                     self.on_stop(f"the gateway refused this runner: {exc}")
             except Unavailable:
                 pass  # the reaper judges silence; a short outage costs nothing
@@ -267,10 +293,11 @@ class Uplink:
                 first = events[0]["seq"] if events else "x"
                 last = events[-1]["seq"] if events else "x"
                 self._batch = {
-                    "action": "append_run_events",
+                    "action": protocol.ACTION_APPEND_EVENTS,
                     "idempotency_key": f"{self.launch_id}:{first}-{last}:{self._dropped}",
                     "delivery_lease_owner": f"runner:{self.launch_id}",
-                    "events": events, "dropped": self._dropped,
+                    "events": events,
+                    "dropped": self._dropped,
                 }
                 self._dropped = 0
             return self._batch
@@ -292,7 +319,7 @@ class Uplink:
                     self._dropped += len(self._events)
                     self._events.clear()
         except Refused as exc:
-            if exc.code in STOP_CODES:
+            if exc.code in protocol.STOP_CODES:
                 self.on_stop(f"the gateway refused progress: {exc}")
             # Any other refusal of this batch would repeat forever: give it up, counted.
         with self._lock:
@@ -332,7 +359,9 @@ class Uplink:
         pause = 0.1
         while True:
             try:
-                self.gateway.call(self.token, {"action": "complete", "result": result})
+                self.gateway.call(
+                    self.token, {"action": protocol.ACTION_COMPLETE, "result": result}
+                )
                 return True
             except Refused:
                 return True  # e.g. a terminal already won: nothing more to say
@@ -340,9 +369,29 @@ class Uplink:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                time.sleep(min(pause * _jitter(), left))
+                time.sleep(min(pause * jitter(), left))
                 pause = min(pause * 2, 5.0)
 
     def stop(self) -> None:
         self._done.set()
         self._wake.set()
+
+
+def call_until(uplink: Any, body: dict[str, Any], deadline: float) -> Any:
+    """One action with the uplink's runner token (the play's steps and sheets), retried
+    with backoff while the gateway is unavailable until `deadline` (time.monotonic()), then
+    Unavailable. A refusal is raised; one that ends this runner's ownership stops it first."""
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            return uplink.gateway.call(uplink.token, body)
+        except Refused as exc:
+            if exc.code in protocol.STOP_CODES:
+                uplink.on_stop(f"the gateway refused {body.get('action')}: {exc}")
+            raise
+        except Unavailable:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            time.sleep(min(pause * jitter(), left))
+            pause = min(pause * 2, RETRY_MAX_S)

@@ -93,7 +93,7 @@ def _validate(action: Action, item: dict[str, Any]) -> ActionRequest:
             f"{action.name}: {where}: {first['msg']}"[:500]) from None
 
 
-def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple[Action, Any]]:
+def plan(doc: Any, grant: tokens.Grant) -> list[tuple[Action, Any]]:
     """Every action of the request, resolved and allowed, or the first refusal."""
     if not isinstance(doc, dict):
         raise GatewayBadRequestError("the body must be a JSON object")
@@ -111,7 +111,7 @@ def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple
         if not isinstance(name, str):
             raise GatewayBadRequestError("each action needs an `action` name")
         action = ACTIONS.get(name)
-        if action is None or name in withdrawn:
+        if action is None:
             raise GatewayUnknownActionError(f"unknown action {name[:100]!r}")
         if action.capability not in grant.capabilities:
             raise CapabilityDeniedError(f"{name} needs the {action.capability} capability")
@@ -131,7 +131,6 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
     beats = BeatBatcher(settings.heartbeat_timeout_s, settings.gateway_beat_window_s)
     releases = ReleaseBatcher(send_task, RELEASE_BATCH_WINDOW_S)
     ctx = Context(settings=settings, beats=beats, releases=releases)
-    withdrawn = frozenset(settings.gateway_withdrawn_actions)
 
     async def runtime(request: Request) -> JSONResponse:
         started = time.perf_counter()
@@ -143,7 +142,7 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
                 doc = untrusted.parse(body, max_bytes=settings.gateway_max_body_bytes)
             except DocumentInvalidError as exc:
                 raise GatewayBadRequestError(f"the body is not usable: {exc.message}") from None
-            planned = plan(doc, grant, withdrawn)
+            planned = plan(doc, grant)
             label = observe.request_label([a.name for a, _ in planned], "actions" in doc)
             results = []
             for action, model in planned:

@@ -145,9 +145,6 @@ class FakeScript:
             rejected[kind] = rejected.get(kind, 0) + 1
         return kind
 
-    def take_lost_runner(self) -> bool:
-        return self.take_launch()[0]
-
     def take_launch(self) -> tuple[bool, bool]:
         """For one exec, under one lock: (this runner is to be lost, runners are hosted)."""
         with self._locked(write=True) as state:

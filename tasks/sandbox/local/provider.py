@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from tasks.sandbox import supervisor as sup
+from tasks.sandbox import supervisor_proc, supervisor_strict
 from tasks.sandbox.base import (
     CapacityUnavailableError,
     FileRead,
@@ -48,7 +48,7 @@ from tasks.sandbox.local.records import (
     PROC_FILE,
     STALE_TMP_S,
     SUPERVISOR_FILE,
-    SUPERVISOR_SOURCE,
+    SUPERVISOR_FILES,
     VISIBLE_CONTROL_FILES,
     exit_status,
     read_json,
@@ -108,16 +108,11 @@ class LocalProvider:
         return self.root / sandbox_id if self._id_re.match(sandbox_id) else None
 
     def _control(self, sandbox_id: str) -> Path | None:
-        """The control record: outside the sandbox, or (legacy) its `.playrun` directory."""
+        """The control record, outside the sandbox's directory."""
         if not self._id_re.match(sandbox_id):
             return None
         outside = self.control_root / sandbox_id
-        if (outside / META_FILE).is_file():
-            return outside
-        legacy = self.root / sandbox_id / sup.CONTROL_DIR
-        if (legacy / META_FILE).is_file():
-            return legacy
-        return None
+        return outside if (outside / META_FILE).is_file() else None
 
     def _existing(self, sandbox_id: str) -> tuple[Path, Path]:
         """(control record, sandbox directory); the directory may be gone."""
@@ -163,7 +158,7 @@ class LocalProvider:
             tmp.chmod(0o700)
             for rel, content in spec.files.items():
                 parts = safe_parts(rel)
-                if parts[0] == sup.CONTROL_DIR:
+                if parts[0] == supervisor_proc.CONTROL_DIR:
                     raise ProviderError(f"{rel!r} is reserved for the provider")
                 target = tmp.joinpath(*parts)
                 if len(parts) > 1:  # top-level files (most) go straight into tmp
@@ -175,11 +170,14 @@ class LocalProvider:
                     for name in dirnames + filenames:
                         os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
             ctl_tmp.mkdir(mode=0o700)
-            (ctl_tmp / SUPERVISOR_FILE).write_bytes(SUPERVISOR_SOURCE)
-            (ctl_tmp / SUPERVISOR_FILE).chmod(0o600)
+            for name, source in SUPERVISOR_FILES.items():
+                (ctl_tmp / name).write_bytes(source)
+                (ctl_tmp / name).chmod(0o600)
             # Not fsynced: the renames that publish it are not either, and no sandbox process
             # outlives a power loss; what must survive one is the process record (exec).
-            sup.write_atomic(ctl_tmp / META_FILE, json.dumps(meta).encode(), durable=False)
+            supervisor_proc.write_atomic(
+                ctl_tmp / META_FILE, json.dumps(meta).encode(), durable=False
+            )
             ctl_tmp.rename(control)
             tmp.rename(self.root / sandbox_id)
         except OSError as exc:
@@ -215,14 +213,14 @@ class LocalProvider:
         strict = meta.get("isolation") == "strict"
         python = host_layout().python if strict else sys.executable
         settings = self.settings
-        child_env = sandbox_env(env, sup.SANDBOX_DEST if strict else str(path))
+        child_env = sandbox_env(env, supervisor_strict.SANDBOX_DEST if strict else str(path))
         max_file_mb = int(meta.get("max_file_mb", 64))
         strict_part: dict[str, Any] | None = None
         prefix: list[str] = []
         if strict:
             gateway_dir, socket_name = gateway_socket_dir(child_env, settings)
             if GATEWAY_SOCKET_ENV in child_env:
-                child_env[GATEWAY_SOCKET_ENV] = f"{sup.GATEWAY_DEST}/{socket_name}"
+                child_env[GATEWAY_SOCKET_ENV] = f"{supervisor_strict.GATEWAY_DEST}/{socket_name}"
             strict_part = strict_config(
                 settings, sandbox_id, path, gateway_dir,
                 int(meta.get("max_processes") or settings.sandbox_max_processes), max_file_mb,
@@ -247,7 +245,7 @@ class LocalProvider:
         handing = False  # from the config write on, the supervisor may run the play
         try:
             console = os.open(
-                control / sup.CONSOLE_FILE,
+                control / supervisor_proc.CONSOLE_FILE,
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                 0o600,
             )
@@ -266,7 +264,7 @@ class LocalProvider:
             finally:
                 os.close(console)
             track_child(proc)
-            stat_ = sup.read_stat(proc.pid)
+            stat_ = supervisor_proc.read_stat(proc.pid)
             record = {
                 "pid": proc.pid,
                 "starttime": stat_[3] if stat_ else None,
@@ -274,7 +272,7 @@ class LocalProvider:
                 "isolation": "strict" if strict else "process",
                 "started_at": time.time(),
             }
-            sup.write_atomic(control / PROC_FILE, json.dumps(record).encode())
+            supervisor_proc.write_atomic(control / PROC_FILE, json.dumps(record).encode())
             assert proc.stdin is not None
             handing = True
             try:
@@ -318,7 +316,7 @@ class LocalProvider:
         parts = safe_parts(path)
         if offset < 0 or max_bytes < 0:
             raise ProviderError("offset and max_bytes must not be negative")
-        if parts[0] == sup.CONTROL_DIR:
+        if parts[0] == supervisor_proc.CONTROL_DIR:
             # The provider's own files (the console log) live in the control record.
             if len(parts) != 2 or parts[1] not in VISIBLE_CONTROL_FILES:
                 return None

@@ -139,7 +139,8 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
                         reason="capacity")
     lease_id = opened.lease_id
     assert lease_id is not None  # open_attempt reserved it: not held, not full
-    decision = permits.acquire(provider.name, policy, settings)
+    published = getattr(provider, "create_rate_per_min", None)
+    decision = permits.acquire(provider.name, policy, settings, published)
     if not decision.granted:
         defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
               detail=f"start rate {decision.rate:g}/min")
@@ -152,7 +153,7 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
             return Acquired(Step.FAILED, code=SANDBOX_START_FAILED, error=str(exc),
                             reason="start_failed")
         if cause != "transport":
-            permits.penalize(provider.name, policy, decision.epoch, settings)
+            permits.penalize(provider.name, policy, decision.epoch, settings, published)
         # The server's own Retry-After is a floor: asking sooner only earns another refusal.
         floor_ms = int(min(exc.retry_after_s or 0.0, settings.deferral_max_ms / 1000) * 1000)
         defer(fence, cause, settings, app, detail=str(exc)[:200],  # type: ignore[arg-type]

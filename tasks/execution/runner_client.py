@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or __package__:  # the host imports the runner's files as tasks.execution.*
     from tasks import protocol
+    from tasks.execution.runner_http import Connection, Stale, tcp_address
+    from tasks.execution.runner_http import Unavailable as Unavailable  # re-exported
 else:  # in the sandbox they are flat files beside runner.py
     import playrun_protocol as protocol
+    from playrun_http import Connection, Stale, Unavailable, tcp_address
 
 REQUEST_TIMEOUT_S = 10.0
 BATCH = 500
@@ -41,101 +44,17 @@ class Refused(Exception):
         self.status, self.code, self.error = status, code, error
 
 
-class Unavailable(Exception):
-    """The gateway could not be reached, or answered that it cannot serve now."""
-
-
-class _Stale(Exception):
-    """A kept-alive connection the gateway closed while it was idle."""
-
-
-# The gateway's answers are small JSON documents; anything bigger is not the gateway.
-MAX_HEAD_BYTES = 64 * 1024
-MAX_ANSWER_BYTES = 16 * 1024 * 1024
-
-
-class _Connection:
-    """HTTP/1.1 with keep-alive, just as much as the gateway speaks (Content-Length
-    bodies). Not http.client: it imports the email package, a third of a runner's
-    start-up."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = b""
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise _Stale("the gateway closed the connection")
-        self.buffer += chunk
-
-    def post(self, path: str, data: bytes, token: str) -> tuple[int, bytes, bool]:
-        """(status, body, whether the gateway will close the connection)."""
-        self.sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode(
-                "latin-1"
-            )
-            + data
-        )
-        received = False
-        while b"\r\n\r\n" not in self.buffer:
-            if len(self.buffer) > MAX_HEAD_BYTES:
-                raise Unavailable("the answer's head is too large")
-            try:
-                self._fill()
-            except _Stale:
-                if received:
-                    raise Unavailable("the gateway closed the connection mid-answer") from None
-                raise
-            received = True
-        head, _, rest = self.buffer.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise Unavailable(f"not an HTTP answer: {lines[0][:80]!r}")
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = headers.get("content-length", "")
-        if not length.isdigit() or int(length) > MAX_ANSWER_BYTES:
-            raise Unavailable("the answer has no usable Content-Length")
-        self.buffer = rest
-        while len(self.buffer) < int(length):
-            try:
-                self._fill()
-            except _Stale:
-                raise Unavailable("the gateway closed the connection mid-answer") from None
-        body, self.buffer = self.buffer[: int(length)], self.buffer[int(length) :]
-        closing = headers.get("connection", "").lower() == "close"
-        return int(parts[1]), body, closing
-
-
-def _tcp_address(url: str) -> tuple[str, int]:
-    """host and port of an http:// URL (urllib.parse is another import the runner avoids)."""
-    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-    if rest.startswith("["):
-        host, _, port = rest[1:].partition("]")
-        port = port.lstrip(":")
-    else:
-        host, _, port = rest.partition(":")
-    return host or "127.0.0.1", int(port) if port.isdigit() else 80
-
-
 class Gateway:
     """One kept-alive connection per thread (heartbeat, delivery, the play's own calls)."""
 
     def __init__(self, url: str, socket_path: str | None) -> None:
-        self.address = _tcp_address(url)
+        host, port, self.tls, self.prefix = tcp_address(url)
+        self.address = (host, port)
+        self.host_header = host if port in (80, 443) else f"{host}:{port}"
         self.socket_path = socket_path
         self._local = threading.local()
 
-    def _connect(self) -> _Connection:
+    def _connect(self) -> Connection:
         if self.socket_path and os.path.exists(self.socket_path):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(REQUEST_TIMEOUT_S)
@@ -144,23 +63,33 @@ class Gateway:
             except OSError:
                 sock.close()
                 raise
-            return _Connection(sock)
-        return _Connection(socket.create_connection(self.address, timeout=REQUEST_TIMEOUT_S))
+            return Connection(sock)
+        sock = socket.create_connection(self.address, timeout=REQUEST_TIMEOUT_S)
+        if self.tls:  # a remote sandbox crosses networks: the gateway proves who it is
+            import ssl  # only remote runners pay for the import
+
+            try:
+                sock = ssl.create_default_context().wrap_socket(
+                    sock, server_hostname=self.address[0])
+            except OSError:  # ssl.SSLError is one
+                sock.close()
+                raise
+        return Connection(sock, self.host_header)
 
     def _exchange(self, data: bytes, token: str) -> tuple[int, bytes]:
-        conn: _Connection | None = getattr(self._local, "conn", None)
+        conn: Connection | None = getattr(self._local, "conn", None)
         reused = conn is not None
         while True:
             try:
                 if conn is None:
                     conn = self._connect()
-                status, raw, closing = conn.post(protocol.GATEWAY_PATH, data, token)
-            except (_Stale, OSError) as exc:
+                status, raw, closing = conn.post(self.prefix + protocol.GATEWAY_PATH, data, token)
+            except (Stale, OSError) as exc:
                 if conn is not None:
                     conn.close()
                 self._local.conn = conn = None
                 # Idle keep-alive closed by the gateway: the request never reached it.
-                if reused and isinstance(exc, (_Stale, BrokenPipeError, ConnectionResetError)):
+                if reused and isinstance(exc, (Stale, BrokenPipeError, ConnectionResetError)):
                     reused = False
                     continue
                 raise Unavailable(str(exc)) from None

@@ -85,9 +85,19 @@ def labels_for(claimed: Claimed, lease_id: str | None,
     return labels
 
 
-def sandbox_key(fence: Fence) -> str:
-    """One sandbox per attempt: a create retried after a lost answer finds this one."""
-    return f"pr-{fence.run_id.lower()}-{fence.generation}"[:63]
+def sandbox_key(fence: Fence, earlier: int = 0) -> str:
+    """A create retried after a lost answer (or a crash before its record) finds the same
+    sandbox; `earlier` counts the attempt's recorded sandboxes, so a start tried again
+    after its sandbox was released gets a new one."""
+    suffix = f"-{earlier}" if earlier else ""
+    return f"pr-{fence.run_id.lower()}-{fence.generation}{suffix}"[:63]
+
+
+def recorded_sandboxes(fence: Fence) -> int:
+    with session_scope(durable=False) as session:
+        return int(session.scalar(sa.select(sa.func.count()).select_from(RuntimeResource).where(
+            RuntimeResource.run_id == fence.run_id,
+            RuntimeResource.generation == fence.generation)) or 0)
 
 
 def egress_for(settings: Settings) -> tuple[str, ...] | None:
@@ -97,9 +107,10 @@ def egress_for(settings: Settings) -> tuple[str, ...] | None:
     return (host,) if host else None
 
 
-def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> SandboxSpec:
+def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None,
+             earlier: int = 0) -> SandboxSpec:
     return SandboxSpec(
-        key=sandbox_key(claimed.fence),
+        key=sandbox_key(claimed.fence, earlier),
         # The runner's own timeout, its supervisor's kill and a last flush come first.
         lifetime_s=settings.run_timeout_s + LIFETIME_GRACE_S,
         egress_hosts=egress_for(settings),
@@ -206,4 +217,6 @@ def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:
 def create(provider: SandboxProvider, claimed: Claimed, settings: Settings,
            lease_id: str | None) -> SandboxRef:
     note_requested(claimed.fence, provider.name)
-    return provider.create(spec_for(claimed, settings, lease_id))
+    # Only a resumed attempt can have had a sandbox: a new generation skips the read.
+    earlier = recorded_sandboxes(claimed.fence) if claimed.resumed else 0
+    return provider.create(spec_for(claimed, settings, lease_id, earlier))

@@ -16,9 +16,8 @@ from tasks.admission.validate import parse_input_text
 from tasks.cli.output import as_coded, timeline
 from tasks.cli.output import console as plain_console
 from tasks.cli.output import view_dict as _view_dict
-from tasks.cli.providers import providers_app
+from tasks.cli.providers import gc, providers_app
 from tasks.constants import (
-    MAX_DURATION_S,
     MAX_STATS_WINDOW_S,
     ReceiptState,
     RunStatus,
@@ -28,7 +27,6 @@ from tasks.errors import InputInvalidError, PlayrunError, PolicyInvalidError
 from tasks.parse.checks import (
     check_org_id,
     check_rate,
-    check_seconds,
     check_text,
     parse_count,
     parse_number,
@@ -323,25 +321,7 @@ def stats(since: Annotated[str, typer.Option("--since")] = "1h") -> None:
     print(json.dumps(as_dict(collect(window)), indent=2, sort_keys=True))
 
 
-@app.command()
-def gc(grace: Annotated[str | None, typer.Option(
-        "--grace", metavar="SECONDS", help="spare sandboxes younger than this")] = None) -> None:
-    """Run one sandbox GC pass now and print what it did."""
-    from tasks.maintenance.gc import collect
-    from tasks.sandbox.runtime import provider
-    from tasks.settings import get_settings
-
-    settings = get_settings()
-    grace_s = settings.gc_grace_s if grace is None else check_seconds(
-        parse_number(grace, "--grace"), "--grace", allow_zero=True, maximum=MAX_DURATION_S)
-    report = collect([provider()], grace_s, fleet=settings.fleet)
-    print(f"listed {report.listed}, kept {report.kept}, too young {report.young}, "
-          f"other fleets {report.other_fleet}, "
-          f"deleted {len(report.deleted)}, failed {len(report.failed)}")
-    for prov, sid, why in report.deleted:
-        print(f"deleted {prov}/{sid}: {why}")
-    for prov, sid, why in report.failed:
-        print(f"failed {prov}/{sid}: {why}")
+app.command()(gc)
 
 
 @sheet_app.command("show")

@@ -1,14 +1,17 @@
-"""`playrun providers`: which sandbox providers this install can use, and a live check."""
+"""`playrun providers` (what this install can use, a live check) and `playrun gc`."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+from typing import Annotated
 
 import typer
 
 from tasks.cli.output import console as plain_console
+from tasks.constants import MAX_DURATION_S
+from tasks.parse.checks import check_seconds, parse_number
 
 providers_app = typer.Typer(help="Sandbox providers: what is installed, and a live check.",
                             no_args_is_help=True)
@@ -61,3 +64,23 @@ def check() -> None:
         typer.echo(line)
     if not report.ok:
         raise typer.Exit(2)
+
+
+def gc(grace: Annotated[str | None, typer.Option(
+        "--grace", metavar="SECONDS", help="spare sandboxes younger than this")] = None) -> None:
+    """Run one sandbox GC pass now and print what it did."""
+    from tasks.maintenance.gc import collect
+    from tasks.sandbox.runtime import provider
+    from tasks.settings import get_settings
+
+    settings = get_settings()
+    grace_s = settings.gc_grace_s if grace is None else check_seconds(
+        parse_number(grace, "--grace"), "--grace", allow_zero=True, maximum=MAX_DURATION_S)
+    report = collect([provider()], grace_s, fleet=settings.fleet)
+    print(f"listed {report.listed}, kept {report.kept}, too young {report.young}, "
+          f"other fleets {report.other_fleet}, "
+          f"deleted {len(report.deleted)}, failed {len(report.failed)}")
+    for prov, sid, why in report.deleted:
+        print(f"deleted {prov}/{sid}: {why}")
+    for prov, sid, why in report.failed:
+        print(f"failed {prov}/{sid}: {why}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.acquisition.sandbox import egress_for, sandbox_key
+from tasks.acquisition.sandbox import egress_for, runner_files, sandbox_key
 from tasks.errors import ConfigurationError
 from tasks.execution.launch import runner_env
 from tasks.execution.runner_client import Gateway
@@ -67,6 +67,8 @@ def test_a_remote_runner_gets_the_public_url_and_no_socket() -> None:
 
 def test_one_key_per_attempt_and_egress_to_the_gateway_only() -> None:
     assert sandbox_key(Fence("ABCdef", 3, "x")) == "pr-abcdef-3"
+    # A start tried again after its sandbox was released asks for a new one.
+    assert sandbox_key(Fence("ABCdef", 3, "x"), 2) == "pr-abcdef-3-2"
     assert len(sandbox_key(Fence("f" * 200, 10**6, "x"))) <= 63
     gated = Settings(gateway_public_url="https://gw.example.com:8443/p")
     assert egress_for(gated) == ("gw.example.com",)
@@ -112,13 +114,16 @@ def tls_server(tmp_path: Path) -> tuple[str, Path, list[bytes]]:
 
 
 def test_the_runner_speaks_https_to_a_gateway_it_can_verify(
-        tls_server: tuple[str, Path, list[bytes]]) -> None:
+        tls_server: tuple[str, Path, list[bytes]], tmp_path: Path) -> None:
     url, cert, seen = tls_server
+    for name, data in runner_files().items():  # the files as a sandbox gets them
+        (tmp_path / name).write_bytes(data)
     # The runner is a separate process in a sandbox: SSL_CERT_FILE is how it trusts a CA.
-    code = ("import sys; sys.path.insert(0, 'tasks/execution'); import runner_client as c; "
+    code = ("import playrun_client as c; "
             f"print(c.Gateway({url!r}, None).call('tok', {{'action': 'x'}}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=30, env={"SSL_CERT_FILE": str(cert), "PATH": "/usr/bin"})
+                          timeout=30, cwd=tmp_path,
+                          env={"SSL_CERT_FILE": str(cert), "PATH": "/usr/bin"})
     assert done.stdout.strip() == "{'ok': True}", done.stderr
     head = seen[0].decode()
     assert head.startswith("POST /edge/v1/runtime HTTP/1.1")

@@ -48,13 +48,13 @@ from tasks.sandbox.local.records import (
     CONTROL_ROOT,
     META_FILE,
     PROC_FILE,
-    STALE_TMP_S,
     SUPERVISOR_FILE,
     SUPERVISOR_FILES,
     VISIBLE_CONTROL_FILES,
     exit_status,
     read_json,
     remove_tree,
+    sweep_leftover,
     top_alive,
 )
 from tasks.sandbox.local.strict import (
@@ -131,14 +131,11 @@ class LocalProvider:
     # --- the interface ----------------------------------------------------------------
 
     def create(self, spec: SandboxSpec) -> SandboxRef:
-        if spec.key:  # the attempt's own id: a create retried after a crash finds its sandbox
-            digest = hashlib.sha256(spec.key.encode()).hexdigest()[:16]
-            sandbox_id = f"{self.id_prefix}-{digest}"
-            control = self._control(sandbox_id)
-            if control is not None:
-                return self._ref(sandbox_id, read_json(control / META_FILE) or {})
-        else:
-            sandbox_id = f"{self.id_prefix}-{secrets.token_hex(8)}"
+        # Keyed by the attempt: a create retried after a crash finds its own sandbox.
+        digest = hashlib.sha256(spec.key.encode()).hexdigest() if spec.key else None
+        sandbox_id = f"{self.id_prefix}-{(digest or secrets.token_hex(8))[:16]}"
+        if digest and (control := self._control(sandbox_id)) is not None:
+            return self._ref(sandbox_id, read_json(control / META_FILE) or {})
         isolation = self.isolation
         settings = self.settings
         labels = {str(k): str(v) for k, v in spec.labels.items()}
@@ -386,14 +383,7 @@ class LocalProvider:
                 continue
             for entry in entries:
                 if entry.name.startswith((".creating-", ".deleting-", ".probe-")):
-                    # A delete killed the processes before its rename: what a killed
-                    # deleter left has nothing left to wait for.
-                    try:
-                        if entry.name.startswith(".deleting-") or \
-                                now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
-                            remove_tree(Path(entry.path))
-                    except OSError:
-                        pass
+                    sweep_leftover(entry, now)
                     continue
                 if not self._id_re.match(entry.name) or entry.name in refs:
                     continue

@@ -84,3 +84,14 @@ def remove_tree(path: Path) -> None:
             pass
 
     shutil.rmtree(path, onerror=fix)
+
+
+def sweep_leftover(entry: os.DirEntry[str], now: float) -> None:
+    """Remove what a killed create, probe or delete left under a temporary name. A delete
+    killed the processes before its rename, so its leftovers have nothing to wait for."""
+    try:
+        if entry.name.startswith(".deleting-") or \
+                now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
+            remove_tree(Path(entry.path))
+    except OSError:
+        pass

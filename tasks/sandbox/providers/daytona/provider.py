@@ -2,7 +2,7 @@
 
 Control plane: the SDK's REST client (api_url from DAYTONA_API_URL). Inside the sandbox:
 the toolbox API (files and a shell command), through which the boot script starts the
-runner detached and reports on it. docs/providers.md tells what each call maps to.
+runner detached and reports on it. docs/providers/daytona.md tells what each call maps to.
 """
 
 from __future__ import annotations

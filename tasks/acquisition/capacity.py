@@ -17,14 +17,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import CapacityLease, CapacityOrg, db_now, new_id
-from tasks.constants import (
-    CAPACITY_EXCEEDED_MESSAGE,
-    EV_CAPACITY_OVERRUN,
-    LEASE_HELD,
-    LEASE_LIVE,
-    LEASE_RELEASED,
-    LEASE_RESERVED,
-)
+from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, LEASE_HELD, EventKind, LeaseState
 from tasks.errors import CapacityExceededError, FenceLostError
 from tasks.parse.checks import check_count, check_org_id
 from tasks.settings import Settings
@@ -32,9 +25,9 @@ from tasks.store import ledger
 from tasks.store.db import is_postgres, session_scope
 from tasks.store.fence import HELD_SQL, Fence, fence_params, hold
 
-RESERVED = LEASE_RESERVED
-LIVE = LEASE_LIVE
-RELEASED = LEASE_RELEASED
+RESERVED = LeaseState.RESERVED
+LIVE = LeaseState.LIVE
+RELEASED = LeaseState.RELEASED
 HELD = LEASE_HELD
 
 
@@ -91,7 +84,7 @@ WITH held AS ({HELD_SQL}), res AS (
         %(observe)s, %(ttl)s) AS f
 ), overrun AS (
     INSERT INTO run_events (run_id, generation, kind, data)
-    SELECT %(run)s, %(gen)s, '{EV_CAPACITY_OVERRUN}', jsonb_build_object(
+    SELECT %(run)s, %(gen)s, '{EventKind.CAPACITY_OVERRUN}', jsonb_build_object(
         'lease_id', res.lease_id, 'in_use', res.used, 'limit', res.cap)
     FROM res WHERE res.lease_id IS NOT NULL AND res.used >= res.cap
 )
@@ -135,7 +128,7 @@ def reserve(session: Session, fence: Fence, org_id: str, settings: Settings, *,
                 expires_at=db_now(settings.capacity_reservation_ttl_s)))
             inserted = lease_id
             if used >= limit:
-                ledger.append(session, fence.run_id, EV_CAPACITY_OVERRUN,
+                ledger.append(session, fence.run_id, EventKind.CAPACITY_OVERRUN,
                               {"lease_id": lease_id, "in_use": used, "limit": limit},
                               fence.generation)
     if inserted is None:

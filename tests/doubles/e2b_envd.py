@@ -73,6 +73,7 @@ class ProcessService(process_connect.Process):
         )
         box.procs[proc.pid] = (proc, cfg)
         deadline = ctx.timeout_ms
+        self.world.started.append((" ".join(argv), deadline))
         killer = None
         if deadline:
             killer = asyncio.get_running_loop().call_later(deadline / 1000, _kill_group, proc.pid)

@@ -116,6 +116,7 @@ class World:
         self.n_rejected_429 = 0
         self.peak_live = 0
         self.closing = False
+        self.started: list[tuple[str, float | None]] = []  # (command line, deadline ms)
 
     def new_box(
         self,

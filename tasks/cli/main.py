@@ -16,6 +16,7 @@ from tasks.admission.validate import parse_input_text
 from tasks.cli.output import as_coded, timeline
 from tasks.cli.output import console as plain_console
 from tasks.cli.output import view_dict as _view_dict
+from tasks.cli.providers import providers_app
 from tasks.constants import MAX_DURATION_S, MAX_STATS_WINDOW_S
 from tasks.errors import InputInvalidError, PlayrunError, PolicyInvalidError
 from tasks.parse.checks import (
@@ -68,6 +69,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(capacity_app, name="capacity")
 app.add_typer(receipts_app, name="receipts")
 app.add_typer(sheet_app, name="sheet")
+app.add_typer(providers_app, name="providers")
 console = Console()
 
 
@@ -323,10 +325,12 @@ def gc(grace: Annotated[str | None, typer.Option(
     from tasks.sandbox.runtime import provider
     from tasks.settings import get_settings
 
-    grace_s = get_settings().gc_grace_s if grace is None else check_seconds(
+    settings = get_settings()
+    grace_s = settings.gc_grace_s if grace is None else check_seconds(
         parse_number(grace, "--grace"), "--grace", allow_zero=True, maximum=MAX_DURATION_S)
-    report = collect([provider()], grace_s)
+    report = collect([provider()], grace_s, fleet=settings.fleet)
     print(f"listed {report.listed}, kept {report.kept}, too young {report.young}, "
+          f"other fleets {report.other_fleet}, "
           f"deleted {len(report.deleted)}, failed {len(report.failed)}")
     for prov, sid, why in report.deleted:
         print(f"deleted {prov}/{sid}: {why}")

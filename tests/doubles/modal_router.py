@@ -179,7 +179,8 @@ class RouterServicer(task_command_router_grpc.TaskCommandRouterBase):  # type: i
         ended = asyncio.ensure_future(box.ended.wait())
         await asyncio.wait({waiter, ended}, return_when=asyncio.FIRST_COMPLETED)
         ended.cancel()
-        if run.proc.returncode is None:
+        # The router of a sandbox that ended answers NOT_FOUND, whatever its exec's code.
+        if run.proc.returncode is None or box.result is not None:
             waiter.cancel()
             raise GRPCError(Status.NOT_FOUND, f"Task {request.task_id} has finished")
         await stream.send_message(sr.TaskExecWaitResponse(code=run.proc.returncode))

@@ -169,9 +169,13 @@ class ModalProvider:
                 return _ended(sandbox.returncode)
             try:
                 out = await self._exec(sandbox, commands.status_argv(self.workdir))
-            except mx.NotFoundError:
-                # The entrypoint ended (and its filesystem with it) since the lookup.
-                return _ended(None)
+            except (mx.NotFoundError, ProviderError):
+                # The entrypoint may have ended (its filesystem with it) since the lookup,
+                # killing the status command: then the sandbox's end is the answer.
+                again = await modal.Sandbox.from_id.aio(sandbox_id, client=await s.client())
+                if again.returncode is None:
+                    raise
+                return _ended(again.returncode)
             return commands.parse_status(out)
 
         return s.call(go, doing="poll", timeout_s=self.call_timeout_s)

@@ -15,14 +15,14 @@ import sqlalchemy as sa
 
 from models import Attempt, Run, RuntimeResource, db_now
 from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    EV_SANDBOX_DELETED,
+    LABEL_FLEET,
     LABEL_GENERATION,
     LABEL_MANAGED,
     LABEL_RUN,
-    RESOURCE_DELETED,
-    RESOURCE_LIVE,
     TERMINAL_STATUSES,
+    AttemptState,
+    EventKind,
+    SandboxState,
 )
 from tasks.sandbox import SandboxProvider, SandboxRef
 from tasks.store import ledger
@@ -35,6 +35,7 @@ log = logging.getLogger("playrun.gc")
 @dataclass
 class GcReport:
     listed: int = 0
+    other_fleet: int = 0  # another fleet's: its own GC judges them
     kept: int = 0
     young: int = 0
     deleted: list[tuple[str, str, str]] = field(default_factory=list)  # provider, id, why
@@ -56,7 +57,7 @@ def verdict(ref: SandboxRef) -> str | None:
             return f"run is {run.status}"
         attempt = session.scalars(sa.select(Attempt).where(
             Attempt.run_id == run.id, Attempt.generation == generation)).first()
-        if (attempt is None or attempt.state != ATTEMPT_ACTIVE
+        if (attempt is None or attempt.state != AttemptState.ACTIVE
                 or generation != run.current_generation):
             return "attempt is fenced out"
         record = session.scalars(sa.select(RuntimeResource).where(
@@ -64,7 +65,7 @@ def verdict(ref: SandboxRef) -> str | None:
             RuntimeResource.sandbox_id == ref.sandbox_id)).first()
         if record is None:
             return "no record owns it"
-        if record.state != RESOURCE_LIVE:
+        if record.state != SandboxState.LIVE:
             return f"recorded as {record.state}"
         return None
 
@@ -79,21 +80,26 @@ def _mark_deleted(provider: str, sandbox_id: str) -> None:
         lock_run(session, owner)  # run row first, as every writer does: no deadlock
         rows = session.execute(sa.update(RuntimeResource).where(
             RuntimeResource.provider == provider, RuntimeResource.sandbox_id == sandbox_id,
-            RuntimeResource.state != RESOURCE_DELETED,
-        ).values(state=RESOURCE_DELETED, deleted_at=db_now(), updated_at=db_now())
+            RuntimeResource.state != SandboxState.DELETED,
+        ).values(state=SandboxState.DELETED, deleted_at=db_now(), updated_at=db_now())
             .returning(RuntimeResource.run_id, RuntimeResource.generation)).all()
         for run_id, generation in rows:
-            ledger.append(session, run_id, EV_SANDBOX_DELETED,
+            ledger.append(session, run_id, EventKind.SANDBOX_DELETED,
                           {"sandbox_id": sandbox_id, "by": "gc"}, generation)
 
 
 def collect(providers: list[SandboxProvider], grace_s: float, *,
-            now: float | None = None) -> GcReport:
+            now: float | None = None, fleet: str | None = None) -> GcReport:
+    """One pass; with `fleet`, another fleet's sandboxes on a shared account are left be
+    (a sandbox without a fleet label predates them and is judged here)."""
     report = GcReport()
     now = time.time() if now is None else now
     for provider in providers:
         for ref in provider.list({LABEL_MANAGED: "1"}):
             report.listed += 1
+            if fleet is not None and ref.labels.get(LABEL_FLEET, fleet) != fleet:
+                report.other_fleet += 1
+                continue
             if now - ref.created_at < grace_s:
                 report.young += 1
                 continue

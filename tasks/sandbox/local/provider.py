@@ -388,8 +388,11 @@ class LocalProvider:
                 continue
             for entry in entries:
                 if entry.name.startswith((".creating-", ".deleting-", ".probe-")):
+                    # A delete killed the processes before its rename: what a killed
+                    # deleter left has nothing left to wait for.
                     try:
-                        if now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
+                        if entry.name.startswith(".deleting-") or \
+                                now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
                             remove_tree(Path(entry.path))
                     except OSError:
                         pass

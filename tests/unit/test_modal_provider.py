@@ -197,3 +197,16 @@ def test_tags_and_names_fit_modals_rules() -> None:
     assert sandbox_name("pr-abc-1") == "pr-abc-1"
     assert sandbox_name("") is None
     assert sandbox_name("has space") == sandbox_name("has space")
+
+
+def test_a_list_longer_than_a_page_is_whole(tmp_path: Path) -> None:
+    with running(tmp_path) as double:
+        provider = double.provider(tmp_path)
+        made = {
+            provider.create(spec(labels={"playrun": "1", "n": str(i)})).sandbox_id
+            for i in range(double.world.page_size * 2 + 1)
+        }
+        assert {r.sandbox_id for r in provider.list({"playrun": "1"})} == made
+        for sandbox_id in made:
+            provider.delete(sandbox_id)
+        assert provider.list({"playrun": "1"}) == []

@@ -95,6 +95,7 @@ LABEL_RUN: Final = "playrun.run"
 LABEL_GENERATION: Final = "playrun.generation"
 LABEL_ORG: Final = "playrun.org"
 LABEL_LEASE: Final = "playrun.lease"
+LABEL_FLEET: Final = "playrun.fleet"
 
 # Files a runner leaves in its sandbox.
 RESULT_FILE: Final = "result.json"

@@ -61,6 +61,17 @@ class Settings(BaseSettings):
     # unset: /sys/fs/cgroup/playrun when running as root on a cgroup v2 host, else none.
     sandbox_cgroup: Path | None = None
     sandbox_cpus: float = Field(default=1.0, gt=0)
+    # The gateway URL a sandbox on another network gets (https in production); remote
+    # providers need it, `local` sandboxes use gateway_url and the socket.
+    gateway_public_url: str = ""
+    # gateway: a remote sandbox may reach only the gateway's host, where its provider can
+    # limit egress; open: anything (the operator's choice, e.g. plays that call APIs).
+    sandbox_egress: Literal["gateway", "open"] = "gateway"
+    # Live sandboxes of this provider, fleet-wide (providers cap them per account).
+    provider_max_live: int | None = Field(default=None, gt=0, le=MAX_SQL_INT)
+    # Every sandbox is labelled with its fleet; GC deletes only its own fleet's orphans.
+    fleet: str = Field(default="default", min_length=1, max_length=40,
+                       pattern=r"^[a-z0-9][a-z0-9-]*$")
     org_capacity: int = Field(default=10, ge=0, le=MAX_SQL_INT)
     capacity_mode: Literal["enforce", "observe"] = "enforce"
     # In `enforce`, a full org fails the run, or with `defer` waits through the bounded deferral.
@@ -152,7 +163,20 @@ class Settings(BaseSettings):
                 "PLAYRUN_METRICS_GATEWAY_ADDR must not be the gateway's runtime port "
                 "(PLAYRUN_GATEWAY_URL): sandboxes reach that one",
             )
+        if self.sandbox_provider not in ("local", "fake"):
+            scheme = urlsplit(self.gateway_public_url).scheme
+            if scheme not in ("http", "https"):
+                raise ConfigurationError(
+                    f"sandbox provider {self.sandbox_provider!r} runs sandboxes on another "
+                    "network: set PLAYRUN_GATEWAY_PUBLIC_URL to the gateway's http(s) URL "
+                    "as they reach it")
         return self
+
+    def runner_gateway_url(self) -> str:
+        """The gateway as the runner reaches it."""
+        if self.sandbox_provider in ("local", "fake"):
+            return self.gateway_url
+        return self.gateway_public_url
 
     def gateway_listen_address(self) -> tuple[str, int]:
         """The host and TCP port the gateway listens on, from `gateway_url`."""

@@ -20,7 +20,7 @@ from models import RuntimeResource
 from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed
 from tasks.acquisition.sandbox import labels_for, record_for_cleanup, record_live
-from tasks.constants import LABEL_GENERATION, LABEL_MANAGED, LABEL_RUN, SUCCEEDED
+from tasks.constants import LABEL_FLEET, LABEL_GENERATION, LABEL_MANAGED, LABEL_RUN, SUCCEEDED
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec, get_provider
@@ -183,12 +183,34 @@ def test_gc_cli_prints_what_it_did(pg_url: str, tmp_path: Path) -> None:
     orphan = plant(prov, orphan_labels())
 
     out = _gc_cli(root, "--grace", "3600")
-    assert out.splitlines()[0] == "listed 2, kept 0, too young 2, deleted 0, failed 0", out
+    assert out.splitlines()[0] == \
+        "listed 2, kept 0, too young 2, other fleets 0, deleted 0, failed 0", out
     assert listed(prov) == {keep.sandbox_id, orphan.sandbox_id}
 
     out = _gc_cli(root, "--grace", "0")
     lines = out.splitlines()
-    assert lines[0] == "listed 2, kept 1, too young 0, deleted 1, failed 0", out
+    assert lines[0] == "listed 2, kept 1, too young 0, other fleets 0, deleted 1, failed 0", out
     assert lines[1:] == [f"deleted local/{orphan.sandbox_id}: no owner: no such run"], out
     assert re.fullmatch(r"lsb-[0-9a-f]{16}", orphan.sandbox_id)
     assert listed(prov) == {keep.sandbox_id}
+
+
+def test_gc_leaves_another_fleets_orphans_to_that_fleet(pg_url: str, tmp_path: Path) -> None:
+    prov = get_provider("local", tmp_path / "fleets")
+    theirs = plant(prov, {**orphan_labels(), LABEL_FLEET: "staging"})
+    ours = plant(prov, {**orphan_labels(), LABEL_FLEET: "prod"})
+    unlabelled = plant(prov, orphan_labels())  # made before fleets were labelled
+    report = collect([prov], grace_s=0, fleet="prod")
+    assert (report.listed, report.other_fleet) == (3, 1)
+    assert {sid for _, sid, _ in report.deleted} == {ours.sandbox_id, unlabelled.sandbox_id}
+    assert listed(prov) == {theirs.sandbox_id}
+
+
+def test_a_delete_killed_midway_leaves_nothing_after_the_next_listing(tmp_path: Path) -> None:
+    prov = get_provider("local", tmp_path / "half-deleted")
+    ref = plant(prov, orphan_labels())
+    control = tmp_path / "half-deleted" / ".control"
+    # Where a SIGKILL between the two renames of a delete leaves the control record.
+    (control / ref.sandbox_id).rename(control / f".deleting-{ref.sandbox_id}-0badf00d")
+    prov.list({LABEL_MANAGED: "1"})
+    assert sorted(p.name for p in control.iterdir()) == []

@@ -119,10 +119,13 @@ def test_nothing_listening_is_unavailable() -> None:
 
 
 @pytest.mark.parametrize(("url", "address"), [
-    ("http://127.0.0.1:8765", ("127.0.0.1", 8765)),
-    ("http://gateway:9000/v1", ("gateway", 9000)),
-    ("http://[::1]:8765", ("::1", 8765)),
-    ("http://example", ("example", 80)),
+    ("http://127.0.0.1:8765", ("127.0.0.1", 8765, False, "")),
+    ("http://gateway:9000/v1", ("gateway", 9000, False, "/v1")),
+    ("http://[::1]:8765", ("::1", 8765, False, "")),
+    ("http://example", ("example", 80, False, "")),
+    ("https://gw.example.com", ("gw.example.com", 443, True, "")),
+    ("https://gw.example.com:8443/playrun/", ("gw.example.com", 8443, True, "/playrun")),
 ])
-def test_gateway_urls_are_read_without_urllib(url: str, address: tuple[str, int]) -> None:
+def test_gateway_urls_are_read_without_urllib(url: str,
+                                              address: tuple[str, int, bool, str]) -> None:
     assert _tcp_address(url) == address

@@ -11,6 +11,7 @@ import json
 import logging
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -23,6 +24,7 @@ from tasks.constants import (
     EV_SANDBOX_LIVE,
     EV_SANDBOX_REQUESTED,
     INPUT_FILE,
+    LABEL_FLEET,
     LABEL_GENERATION,
     LABEL_LEASE,
     LABEL_MANAGED,
@@ -46,27 +48,48 @@ from tasks.store.fence import Fence, append_if_current, hold, renew
 
 log = logging.getLogger("playrun.acquisition")
 
+# A provider-side lifetime outlasts the run's time limit by the runner's last push.
+LIFETIME_GRACE_S = 300.0
+
 
 @functools.cache  # read once per process: every sandbox gets the same bytes
 def runner_source(name: str = "runner.py") -> bytes:
     return resources.files("tasks.execution").joinpath(name).read_bytes()
 
 
-def labels_for(claimed: Claimed, lease_id: str | None) -> dict[str, str]:
+def labels_for(claimed: Claimed, lease_id: str | None,
+               fleet: str = "default") -> dict[str, str]:
     labels = {
         LABEL_MANAGED: "1",
         LABEL_RUN: claimed.fence.run_id,
         LABEL_GENERATION: str(claimed.fence.generation),
         LABEL_ORG: claimed.org_id,
+        LABEL_FLEET: fleet,
     }
     if lease_id:
         labels[LABEL_LEASE] = lease_id
     return labels
 
 
+def sandbox_key(fence: Fence) -> str:
+    """One sandbox per attempt: a create retried after a lost answer finds this one."""
+    return f"pr-{fence.run_id.lower()}-{fence.generation}"[:63]
+
+
+def egress_for(settings: Settings) -> tuple[str, ...] | None:
+    if settings.sandbox_egress == "open" or not settings.gateway_public_url:
+        return None
+    host = urlsplit(settings.gateway_public_url).hostname
+    return (host,) if host else None
+
+
 def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> SandboxSpec:
     return SandboxSpec(
-        labels=labels_for(claimed, lease_id),
+        key=sandbox_key(claimed.fence),
+        # The runner's own timeout, its supervisor's kill and a last flush come first.
+        lifetime_s=settings.run_timeout_s + LIFETIME_GRACE_S,
+        egress_hosts=egress_for(settings),
+        labels=labels_for(claimed, lease_id, settings.fleet),
         files={
             PLAY_FILE: claimed.play_source.encode(),
             INPUT_FILE: json.dumps(claimed.input).encode(),

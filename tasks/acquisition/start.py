@@ -153,7 +153,10 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
                             reason="start_failed")
         if cause != "transport":
             permits.penalize(provider.name, policy, decision.epoch, settings)
-        defer(fence, cause, settings, app, detail=str(exc)[:200])  # type: ignore[arg-type]
+        # The server's own Retry-After is a floor: asking sooner only earns another refusal.
+        floor_ms = int(min(exc.retry_after_s or 0.0, settings.deferral_max_ms / 1000) * 1000)
+        defer(fence, cause, settings, app, detail=str(exc)[:200],  # type: ignore[arg-type]
+              at_least_ms=floor_ms)
         return _DEFERRED
     permits.accepted(provider.name)  # the adaptive rate grows on real starts only
     # The launch records the sandbox live and promotes the lease, in its own transaction.

@@ -323,10 +323,12 @@ def gc(grace: Annotated[str | None, typer.Option(
     from tasks.sandbox.runtime import provider
     from tasks.settings import get_settings
 
-    grace_s = get_settings().gc_grace_s if grace is None else check_seconds(
+    settings = get_settings()
+    grace_s = settings.gc_grace_s if grace is None else check_seconds(
         parse_number(grace, "--grace"), "--grace", allow_zero=True, maximum=MAX_DURATION_S)
-    report = collect([provider()], grace_s)
+    report = collect([provider()], grace_s, fleet=settings.fleet)
     print(f"listed {report.listed}, kept {report.kept}, too young {report.young}, "
+          f"other fleets {report.other_fleet}, "
           f"deleted {len(report.deleted)}, failed {len(report.failed)}")
     for prov, sid, why in report.deleted:
         print(f"deleted {prov}/{sid}: {why}")

@@ -153,8 +153,10 @@ def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings,
         "PLAYRUN_GENERATION": str(fence.generation),
         "PLAYRUN_ORG_ID": org_id,
         "PLAYRUN_LAUNCH_ID": launch_id,
-        "PLAYRUN_GATEWAY_URL": settings.gateway_url,
-        "PLAYRUN_GATEWAY_SOCKET": str(settings.gateway_socket),
+        "PLAYRUN_GATEWAY_URL": settings.runner_gateway_url(),
+        # The socket exists only on this host: a remote sandbox has the URL alone.
+        "PLAYRUN_GATEWAY_SOCKET": str(settings.gateway_socket)
+        if settings.sandbox_provider in ("local", "fake") else "",
         "PLAYRUN_HEARTBEAT_S": f"{settings.heartbeat_interval_s:g}",
         "PLAYRUN_TOKEN": mint(tokens.RUNNER_CAPABILITIES),
         "PLAYRUN_PROJECTION_TOKEN": mint(tokens.PROJECTION_CAPABILITIES),

@@ -55,8 +55,9 @@ class _Connection:
     bodies). Not http.client: it imports the email package, a third of a runner's
     start-up."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, host: str = "gateway") -> None:
         self.sock = sock
+        self.host = host
         self.buffer = b""
 
     def close(self) -> None:
@@ -72,7 +73,7 @@ class _Connection:
     def post(self, path: str, data: bytes, token: str) -> tuple[int, bytes, bool]:
         """(status, body, whether the gateway will close the connection)."""
         self.sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {token}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
             .encode("latin-1") + data)
         received = False
@@ -109,22 +110,30 @@ class _Connection:
         return int(parts[1]), body, closing
 
 
-def _tcp_address(url: str) -> tuple[str, int]:
-    """host and port of an http:// URL (urllib.parse is another import the runner avoids)."""
-    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-    if rest.startswith("["):
-        host, _, port = rest[1:].partition("]")
+def _tcp_address(url: str) -> tuple[str, int, bool, str]:
+    """host, port, TLS and path prefix of an http(s):// URL (urllib.parse is another import
+    the runner avoids)."""
+    scheme, _, rest = url.partition("://")
+    tls = scheme.lower() == "https"
+    authority, slash, prefix = rest.partition("/")
+    authority = authority.rsplit("@", 1)[-1]
+    if authority.startswith("["):
+        host, _, port = authority[1:].partition("]")
         port = port.lstrip(":")
     else:
-        host, _, port = rest.partition(":")
-    return host or "127.0.0.1", int(port) if port.isdigit() else 80
+        host, _, port = authority.partition(":")
+    default = 443 if tls else 80
+    return (host or "127.0.0.1", int(port) if port.isdigit() else default, tls,
+            ("/" + prefix.strip("/")) if slash and prefix.strip("/") else "")
 
 
 class Gateway:
     """One kept-alive connection per thread (heartbeat, delivery, the play's own calls)."""
 
     def __init__(self, url: str, socket_path: str | None) -> None:
-        self.address = _tcp_address(url)
+        host, port, self.tls, self.prefix = _tcp_address(url)
+        self.address = (host, port)
+        self.host_header = host if port in (80, 443) else f"{host}:{port}"
         self.socket_path = socket_path
         self._local = threading.local()
 
@@ -138,7 +147,17 @@ class Gateway:
                 sock.close()
                 raise
             return _Connection(sock)
-        return _Connection(socket.create_connection(self.address, timeout=REQUEST_TIMEOUT_S))
+        sock = socket.create_connection(self.address, timeout=REQUEST_TIMEOUT_S)
+        if self.tls:  # a remote sandbox crosses networks: the gateway proves who it is
+            import ssl  # only remote runners pay for the import
+
+            try:
+                sock = ssl.create_default_context().wrap_socket(
+                    sock, server_hostname=self.address[0])
+            except OSError:  # ssl.SSLError is one
+                sock.close()
+                raise
+        return _Connection(sock, self.host_header)
 
     def _exchange(self, data: bytes, token: str) -> tuple[int, bytes]:
         conn: _Connection | None = getattr(self._local, "conn", None)
@@ -147,7 +166,7 @@ class Gateway:
             try:
                 if conn is None:
                     conn = self._connect()
-                status, raw, closing = conn.post(PATH, data, token)
+                status, raw, closing = conn.post(self.prefix + PATH, data, token)
             except (_Stale, OSError) as exc:
                 if conn is not None:
                     conn.close()

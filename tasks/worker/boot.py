@@ -14,6 +14,7 @@ from celery.signals import celeryd_after_setup
 
 from tasks.broker.app import app, queue
 from tasks.errors import PlayrunError
+from tasks.sandbox import providers
 from tasks.sandbox.local import check_isolation
 from tasks.sandbox.runtime import host_queue
 from tasks.settings import get_settings
@@ -39,6 +40,10 @@ class SchemaCheck(bootsteps.Step):
             require_current_schema()
             if settings.sandbox_provider == "local":
                 check_isolation(settings)  # strict configured but unavailable: refuse
+            elif settings.sandbox_provider != "fake":
+                # The SDK is imported in each pool process after fork, never here.
+                providers.check_installed(settings.sandbox_provider)
+                providers.check_credentials(settings.sandbox_provider)
         except PlayrunError as exc:
             log.critical("refusing to start: %s", exc)
             raise SystemExit(f"playrun worker refused to start: {exc}") from exc

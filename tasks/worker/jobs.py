@@ -210,5 +210,5 @@ def reap_attempts() -> dict[str, Any]:
 @app.task(name=TASK_SANDBOX_GC)
 def sandbox_gc() -> dict[str, Any]:
     settings = get_settings()
-    report = collect([provider()], settings.gc_grace_s)
+    report = collect([provider()], settings.gc_grace_s, fleet=settings.fleet)
     return report.__dict__

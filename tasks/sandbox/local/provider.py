@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import hashlib
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from tasks.sandbox.base import (
     SandboxNotFoundError,
     SandboxRef,
     SandboxSpec,
+    TransportError,
 )
 from tasks.sandbox.local.config import BASE_ENV, exec_config, expand_argv, sandbox_env
 from tasks.sandbox.local.isolation import Isolation, resolve_isolation
@@ -134,7 +136,14 @@ class LocalProvider:
     # --- the interface ----------------------------------------------------------------
 
     def create(self, spec: SandboxSpec) -> SandboxRef:
-        sandbox_id = f"{self.id_prefix}-{secrets.token_hex(8)}"
+        if spec.key:  # the attempt's own id: a create retried after a crash finds its sandbox
+            digest = hashlib.sha256(spec.key.encode()).hexdigest()[:16]
+            sandbox_id = f"{self.id_prefix}-{digest}"
+            control = self._control(sandbox_id)
+            if control is not None:
+                return self._ref(sandbox_id, read_json(control / META_FILE) or {})
+        else:
+            sandbox_id = f"{self.id_prefix}-{secrets.token_hex(8)}"
         isolation = self.isolation
         settings = self.settings
         labels = {str(k): str(v) for k, v in spec.labels.items()}
@@ -150,6 +159,7 @@ class LocalProvider:
             "max_dir_mb": int(spec.max_dir_mb or settings.sandbox_max_dir_mb),
         }
         owner = (settings.sandbox_uid, settings.sandbox_gid)
+        published = False
         chown = isolation == "strict" and os.geteuid() == 0
         # Built under temporary names and renamed: the directory first, then the control
         # record (what list() and GC see), then the directory into place.
@@ -181,9 +191,13 @@ class LocalProvider:
             # outlives a power loss; what must survive one is the process record (exec).
             sup.write_atomic(ctl_tmp / META_FILE, json.dumps(meta).encode(), durable=False)
             ctl_tmp.rename(control)
+            published = True
             tmp.rename(self.root / sandbox_id)
+        except FileExistsError as exc:
+            # The same key's create runs elsewhere: what it builds is its own to clean.
+            raise TransportError(f"a create of sandbox {sandbox_id} is in progress") from exc
         except OSError as exc:
-            for leftover in (tmp, ctl_tmp, control):
+            for leftover in (tmp, ctl_tmp, *((control,) if published else ())):
                 shutil.rmtree(leftover, ignore_errors=True)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 # No room for a sandbox is this host's capacity, not a broken start: the run
@@ -374,8 +388,11 @@ class LocalProvider:
                 continue
             for entry in entries:
                 if entry.name.startswith((".creating-", ".deleting-", ".probe-")):
+                    # A delete killed the processes before its rename: what a killed
+                    # deleter left has nothing left to wait for.
                     try:
-                        if now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
+                        if entry.name.startswith(".deleting-") or \
+                                now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
                             remove_tree(Path(entry.path))
                     except OSError:
                         pass

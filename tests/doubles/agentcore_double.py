@@ -46,8 +46,14 @@ DEFAULT_SESSION_TIMEOUT_S = 900
 class AgentCoreState:
     """Everything the server knows, behind one lock; tools run outside it."""
 
-    def __init__(self, root: Path, *, creates_per_min: float | None, max_live: int | None,
-                 create_latency_s: float) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        creates_per_min: float | None,
+        max_live: int | None,
+        create_latency_s: float,
+    ) -> None:
         self.root = root
         self.scratch = root / "_tasks"
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -86,8 +92,10 @@ class AgentCoreState:
             if known is not None:
                 session = self.sessions[known]
                 if (session.name, session.timeout_s) != (name, timeout_s):
-                    raise invalid("The client token was used with other parameters",
-                                  "IdempotentParameterMismatchException")
+                    raise invalid(
+                        "The client token was used with other parameters",
+                        "IdempotentParameterMismatchException",
+                    )
                 return self._started(session), 0.0
             if self.pushbacks:
                 kind, retry_after_s = self.pushbacks.popleft()
@@ -106,8 +114,14 @@ class AgentCoreState:
             if self.max_live is not None and len(self.live()) >= self.max_live:
                 raise quota_exceeded(self.max_live)
             self.recent.append(now)
-            session = Session(new_session_id(), name, token, timeout_s, now,
-                              self.root / "sessions" / secrets.token_hex(6))
+            session = Session(
+                new_session_id(),
+                name,
+                token,
+                timeout_s,
+                now,
+                self.root / "sessions" / secrets.token_hex(6),
+            )
             session.workdir.mkdir(parents=True)
             self.sessions[session.session_id] = session
             self.tokens[token] = session.session_id
@@ -120,8 +134,11 @@ class AgentCoreState:
             return self._started(session), hold
 
     def _started(self, session: Session) -> dict[str, Any]:
-        return {"codeInterpreterIdentifier": INTERPRETER, "sessionId": session.session_id,
-                "createdAt": iso(session.created_at)}
+        return {
+            "codeInterpreterIdentifier": INTERPRETER,
+            "sessionId": session.session_id,
+            "createdAt": iso(session.created_at),
+        }
 
     def session(self, session_id: str | None, *, ready: bool = True) -> Session:
         with self.lock:
@@ -133,8 +150,11 @@ class AgentCoreState:
     def stop(self, session_id: str | None) -> dict[str, Any]:
         session = self.session(session_id)
         self.terminate(session)
-        return {"codeInterpreterIdentifier": INTERPRETER, "sessionId": session.session_id,
-                "lastUpdatedAt": iso(session.updated_at)}
+        return {
+            "codeInterpreterIdentifier": INTERPRETER,
+            "sessionId": session.session_id,
+            "lastUpdatedAt": iso(session.updated_at),
+        }
 
     def terminate(self, session: Session) -> None:
         with self.lock:
@@ -152,10 +172,12 @@ class AgentCoreState:
         except ValueError:
             raise invalid("nextToken is not valid") from None
         with self.lock:
-            found = sorted((s for s in self.sessions.values()
-                            if status is None or s.status == status),
-                           key=lambda s: s.created_at, reverse=True)
-        page = found[offset:offset + size]
+            found = sorted(
+                (s for s in self.sessions.values() if status is None or s.status == status),
+                key=lambda s: s.created_at,
+                reverse=True,
+            )
+        page = found[offset : offset + size]
         doc: dict[str, Any] = {"items": [s.summary(INTERPRETER) for s in page]}
         if offset + size < len(found):
             doc["nextToken"] = base64.b64encode(str(offset + size).encode()).decode()
@@ -235,11 +257,21 @@ class Handler(BaseHTTPRequestHandler):
             frame = exception_event(fault)
         else:
             frame = result_event(session.invoke(str(name), args, self.state.scratch))
-        self._answer(200, frame, {"x-amzn-code-interpreter-session-id": session.session_id},
-                     content_type=EVENT_STREAM)
+        self._answer(
+            200,
+            frame,
+            {"x-amzn-code-interpreter-session-id": session.session_id},
+            content_type=EVENT_STREAM,
+        )
 
-    def _answer(self, status: int, payload: bytes, headers: dict[str, str], *,
-                content_type: str = "application/json") -> None:
+    def _answer(
+        self,
+        status: int,
+        payload: bytes,
+        headers: dict[str, str],
+        *,
+        content_type: str = "application/json",
+    ) -> None:
         try:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
@@ -276,8 +308,9 @@ class AgentCoreDouble:
 
         return AgentCoreProvider(root)
 
-    def push_back(self, kind: PushBack, *, retry_after_s: float | None = None,
-                  times: int = 1) -> None:
+    def push_back(
+        self, kind: PushBack, *, retry_after_s: float | None = None, times: int = 1
+    ) -> None:
         with self.state.lock:
             self.state.pushbacks.extend([(kind, retry_after_s)] * times)
 
@@ -312,11 +345,19 @@ class AgentCoreDouble:
 
 
 @contextmanager
-def running(tmp_path: Path, *, creates_per_min: float | None = None,
-            max_live: int | None = None, create_latency_s: float = 0.0
-            ) -> Iterator[AgentCoreDouble]:
-    state = AgentCoreState(tmp_path / "agentcore", creates_per_min=creates_per_min,
-                           max_live=max_live, create_latency_s=create_latency_s)
+def running(
+    tmp_path: Path,
+    *,
+    creates_per_min: float | None = None,
+    max_live: int | None = None,
+    create_latency_s: float = 0.0,
+) -> Iterator[AgentCoreDouble]:
+    state = AgentCoreState(
+        tmp_path / "agentcore",
+        creates_per_min=creates_per_min,
+        max_live=max_live,
+        create_latency_s=create_latency_s,
+    )
     handler = type("BoundHandler", (Handler,), {"state": state})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True

@@ -9,6 +9,7 @@ session's processes are found again even after they left its process group (sets
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 import signal
@@ -58,15 +59,24 @@ class Session:
     def summary(self, interpreter: str) -> dict[str, Any]:
         from tests.doubles.agentcore_wire import iso
 
-        return {"codeInterpreterIdentifier": interpreter, "sessionId": self.session_id,
-                "name": self.name, "status": self.status, "createdAt": iso(self.created_at),
-                "lastUpdatedAt": iso(self.updated_at or self.created_at)}
+        return {
+            "codeInterpreterIdentifier": interpreter,
+            "sessionId": self.session_id,
+            "name": self.name,
+            "status": self.status,
+            "createdAt": iso(self.created_at),
+            "lastUpdatedAt": iso(self.updated_at or self.created_at),
+        }
 
     # --- processes -------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
-        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir),
-                "LANG": "C.UTF-8", MARKER: self.session_id}
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.workdir),
+            "LANG": "C.UTF-8",
+            MARKER: self.session_id,
+        }
 
     def pids(self) -> set[int]:
         """Every live process of this session: by marker, or by a cwd inside it."""
@@ -92,10 +102,8 @@ class Session:
             if not pids:
                 break
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
             time.sleep(0.02)
         for task in self.tasks.values():
             if task.proc.poll() is None:
@@ -113,11 +121,14 @@ class Session:
 
     def invoke(self, name: str, args: dict[str, Any], scratch: Path) -> dict[str, Any]:
         handler = {
-            "writeFiles": self._write_files, "readFiles": self._read_files,
-            "listFiles": self._list_files, "removeFiles": self._remove_files,
+            "writeFiles": self._write_files,
+            "readFiles": self._read_files,
+            "listFiles": self._list_files,
+            "removeFiles": self._remove_files,
             "executeCommand": self._execute_command,
             "startCommandExecution": lambda a: self._start_command(a, scratch),
-            "getTask": self._get_task, "stopTask": self._stop_task,
+            "getTask": self._get_task,
+            "stopTask": self._stop_task,
         }.get(name)
         if handler is None:
             raise invalid(f"tool {name!r} is not offered by this double")
@@ -155,8 +166,10 @@ class Session:
         rel = args.get("directoryPath") or "."
         base = self.workdir if rel in (".", "") else self.path(rel)
         names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
-        return {"content": [{"type": "resource_link", "name": n, "uri": f"file:///{n}"}
-                            for n in names], "isError": False}
+        return {
+            "content": [{"type": "resource_link", "name": n, "uri": f"file:///{n}"} for n in names],
+            "isError": False,
+        }
 
     def _remove_files(self, args: dict[str, Any]) -> dict[str, Any]:
         for rel in args.get("paths") or []:
@@ -167,17 +180,26 @@ class Session:
         command = _command(args)
         began = time.monotonic()
         try:
-            done = subprocess.run(["sh", "-c", command], cwd=self.workdir, env=self.env(),
-                                  capture_output=True, timeout=COMMAND_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, check=False)
+            done = subprocess.run(
+                ["sh", "-c", command],
+                cwd=self.workdir,
+                env=self.env(),
+                capture_output=True,
+                timeout=COMMAND_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return _text("Command timed out", error=True)
         out = done.stdout[:MAX_OUTPUT].decode("utf-8", "replace")
         err = done.stderr[:MAX_OUTPUT].decode("utf-8", "replace")
         result = _text(out or err, error=done.returncode != 0)
-        result["structuredContent"] = {"stdout": out, "stderr": err,
-                                       "exitCode": done.returncode,
-                                       "executionTime": time.monotonic() - began}
+        result["structuredContent"] = {
+            "stdout": out,
+            "stderr": err,
+            "exitCode": done.returncode,
+            "executionTime": time.monotonic() - began,
+        }
         return result
 
     def _start_command(self, args: dict[str, Any], scratch: Path) -> dict[str, Any]:
@@ -185,9 +207,15 @@ class Session:
         task_id = secrets.token_hex(8)
         out, err = scratch / f"{task_id}.out", scratch / f"{task_id}.err"
         with out.open("wb") as stdout, err.open("wb") as stderr:
-            proc = subprocess.Popen(["sh", "-c", command], cwd=self.workdir, env=self.env(),
-                                    stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["sh", "-c", command],
+                cwd=self.workdir,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
         self.tasks[task_id] = Task(proc, out, err)
         result = _text(f"Task {task_id} started")
         result["structuredContent"] = {"taskId": task_id, "taskStatus": "working"}
@@ -203,13 +231,21 @@ class Session:
     def _get_task(self, args: dict[str, Any]) -> dict[str, Any]:
         task_id, task = self._task(args)
         code = task.proc.poll()
-        status = ("canceled" if task.stopped else "working" if code is None
-                  else "completed" if code == 0 else "failed")
-        doc: dict[str, Any] = {"taskId": task_id, "taskStatus": status,
-                               "stdout": task.out.read_bytes()[:MAX_OUTPUT].decode(
-                                   "utf-8", "replace"),
-                               "stderr": task.err.read_bytes()[:MAX_OUTPUT].decode(
-                                   "utf-8", "replace")}
+        status = (
+            "canceled"
+            if task.stopped
+            else "working"
+            if code is None
+            else "completed"
+            if code == 0
+            else "failed"
+        )
+        doc: dict[str, Any] = {
+            "taskId": task_id,
+            "taskStatus": status,
+            "stdout": task.out.read_bytes()[:MAX_OUTPUT].decode("utf-8", "replace"),
+            "stderr": task.err.read_bytes()[:MAX_OUTPUT].decode("utf-8", "replace"),
+        }
         if code is not None:
             doc["exitCode"] = code
         result = _text(status)
@@ -220,10 +256,8 @@ class Session:
         task_id, task = self._task(args)
         if task.proc.poll() is None:
             task.stopped = True
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(task.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
             task.proc.wait(timeout=5)
         result = _text(f"Task {task_id} stopped")
         result["structuredContent"] = {"taskId": task_id, "taskStatus": "canceled"}

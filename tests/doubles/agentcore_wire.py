@@ -19,8 +19,15 @@ _STRING_HEADER = 7
 class ApiError(Exception):
     """An AWS error answer: HTTP status, the error type botocore reads, a message."""
 
-    def __init__(self, status: int, code: str, message: str, *,
-                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -39,15 +46,20 @@ def throttled(retry_after_s: float | None) -> ApiError:
 
 def quota_exceeded(limit: int, retry_after_s: float | None = None) -> ApiError:
     headers = {} if retry_after_s is None else {"Retry-After": f"{retry_after_s:g}"}
-    return ApiError(402, "ServiceQuotaExceededException",
-                    f"The maximum number of active sessions ({limit}) has been reached",
-                    headers=headers)
+    return ApiError(
+        402,
+        "ServiceQuotaExceededException",
+        f"The maximum number of active sessions ({limit}) has been reached",
+        headers=headers,
+    )
 
 
 def access_denied() -> ApiError:
-    return ApiError(403, "AccessDeniedException",
-                    "User is not authorized to perform: bedrock-agentcore:"
-                    "StartCodeInterpreterSession")
+    return ApiError(
+        403,
+        "AccessDeniedException",
+        "User is not authorized to perform: bedrock-agentcore:StartCodeInterpreterSession",
+    )
 
 
 def not_found(what: str) -> ApiError:
@@ -64,8 +76,12 @@ def iso(ts: float) -> str:
 
 def _header(name: str, value: str) -> bytes:
     raw_name, raw_value = name.encode(), value.encode()
-    return (struct.pack("!B", len(raw_name)) + raw_name
-            + struct.pack("!BH", _STRING_HEADER, len(raw_value)) + raw_value)
+    return (
+        struct.pack("!B", len(raw_name))
+        + raw_name
+        + struct.pack("!BH", _STRING_HEADER, len(raw_value))
+        + raw_value
+    )
 
 
 def _message(headers: dict[str, str], payload: bytes) -> bytes:
@@ -79,12 +95,20 @@ def _message(headers: dict[str, str], payload: bytes) -> bytes:
 
 def result_event(result: dict[str, Any]) -> bytes:
     """One `result` event of InvokeCodeInterpreter's stream."""
-    return _message({":event-type": "result", ":content-type": "application/json",
-                     ":message-type": "event"}, json.dumps(result).encode())
+    return _message(
+        {":event-type": "result", ":content-type": "application/json", ":message-type": "event"},
+        json.dumps(result).encode(),
+    )
 
 
 def exception_event(error: ApiError) -> bytes:
     """An error inside the stream, after a 200: botocore raises EventStreamError."""
     member = error.code[0].lower() + error.code[1:]
-    return _message({":exception-type": member, ":content-type": "application/json",
-                     ":message-type": "exception"}, error.body())
+    return _message(
+        {
+            ":exception-type": member,
+            ":content-type": "application/json",
+            ":message-type": "exception",
+        },
+        error.body(),
+    )

@@ -1,7 +1,8 @@
 """playrun: run customer plays in isolated sandboxes, fenced and rate-limited fleet-wide.
 
-`celery -A tasks worker` finds the Celery app here; app code uses submit_run(s),
-get_run, cancel_run and run_events, and reads runtime sheets with sheet_rows.
+`celery -A tasks worker` finds the Celery app here; app code uses submit_run(s) (items
+of submit_runs are RunRequests or dicts), get_run, cancel_run and run_events, compares
+statuses with RunStatus, and reads runtime sheets with sheet_rows.
 
 Importing this package reads no setting and opens no connection: the public names load
 their modules on first use, and the Celery app reads its configuration on first use.
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.broker.app import app
 
 if TYPE_CHECKING:
+    from tasks.admission.submit import RunRequest
     from tasks.api import (
         AttemptView,
         RunHandle,
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
         submit_run,
         submit_runs,
     )
+    from tasks.constants import AttemptState, EventKind, ReceiptState, RunStatus, SheetRowStatus
     from tasks.errors import PlayrunError
     from tasks.sheets.view import SheetRowView, sheet_rows
     from tasks.store.ledger import Event
@@ -43,6 +46,10 @@ _LAZY = {
         ("AttemptView", "RunHandle", "RunResult", "RunView", "cancel_run", "get_run",
          "list_runs", "resolve_run_id", "run_again", "run_cursor", "run_events",
          "submit_run", "submit_runs"), "tasks.api"),
+    **dict.fromkeys(
+        ("AttemptState", "EventKind", "ReceiptState", "RunStatus", "SheetRowStatus"),
+        "tasks.constants"),
+    "RunRequest": "tasks.admission.submit",
     "PlayrunError": "tasks.errors",
     "Event": "tasks.store.ledger",
     "SheetRowView": "tasks.sheets.view",
@@ -67,13 +74,19 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AttemptState",
     "AttemptView",
     "Event",
+    "EventKind",
     "PlayrunError",
+    "ReceiptState",
     "ReceiptView",
     "RunHandle",
+    "RunRequest",
     "RunResult",
+    "RunStatus",
     "RunView",
+    "SheetRowStatus",
     "SheetRowView",
     "app",
     "cancel_run",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,13 +19,10 @@ import sqlalchemy as sa
 from models import Attempt, Run, db_now
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
-from tasks.admission.submit import Admitted, admit, admit_many
+from tasks.admission.submit import Admitted, RunRequest, admit, admit_many
 from tasks.broker.app import app, send
 from tasks.constants import (
-    CANCELLED,
-    CANCELLED_CODE,
     DEFAULT_EVENTS_PAGE,
-    EV_CANCEL_REQUESTED,
     KEY_RUN_DONE,
     MAX_EVENTS_PAGE,
     MAX_SQL_BIGINT,
@@ -32,10 +30,13 @@ from tasks.constants import (
     TASK_CANCEL_ATTEMPT,
     TASK_START_ATTEMPT,
     TERMINAL_STATUSES,
+    AttemptState,
+    EventKind,
+    RunStatus,
 )
 from tasks.errors import RunNotFoundError, RunWaitTimeoutError
 from tasks.parse.checks import check_count, check_run_id, check_wait_timeout
-from tasks.settlement.outcome import Outcome
+from tasks.settlement.outcome import CANCELLED_OUTCOME
 from tasks.settlement.terminal import settle_unattended
 from tasks.store import ledger
 from tasks.store.db import ensure_schema_once, get_engine, session_scope
@@ -48,7 +49,7 @@ from tasks.store.runquery import run_cursor as run_cursor
 
 @dataclass(frozen=True)
 class RunResult:
-    status: str
+    status: RunStatus
     output: Any
     error: str | None
     code: str | None
@@ -57,7 +58,7 @@ class RunResult:
 @dataclass(frozen=True)
 class AttemptView:
     generation: int
-    state: str
+    state: AttemptState
     sandbox_id: str | None
     started_at: datetime
     ended_at: datetime | None
@@ -70,7 +71,7 @@ class AttemptView:
 class RunView:
     id: str
     org_id: str
-    status: str
+    status: RunStatus  # a StrEnum: equal to its plain string too
     code: str | None
     error: str | None
     output: Any
@@ -162,12 +163,13 @@ def submit_run(play: str | Path, input: Any = None, *, org_id: str,
     return _published([admit(play, input, org_id, idempotency_key, handed_off=True)])[0]
 
 
-def submit_runs(runs: list[dict[str, Any]]) -> list[RunHandle]:
+def submit_runs(runs: Sequence[RunRequest | Mapping[str, Any]]) -> list[RunHandle]:
     """Admit many runs in one transaction and publish their starts in one pipeline.
 
-    Each item is a dict with `play` and `org_id`, and optionally `input` and
-    `idempotency_key`, checked exactly as submit_run checks them. One bad item refuses
-    the whole batch before anything is written: the error says which (`item`). A key
+    Each item is a RunRequest, or a dict with its fields: `play` and `org_id`, and
+    optionally `input` and `idempotency_key`, checked exactly as submit_run checks them.
+    One bad item refuses the whole batch before anything is written: the error says
+    which (`item`). A key
     the org used before, or earlier in the same batch, returns that run (created=False).
     Handles come back in the order of the items.
     """
@@ -177,12 +179,13 @@ def submit_runs(runs: list[dict[str, Any]]) -> list[RunHandle]:
 
 def _view(run: Run, attempts: list[Attempt]) -> RunView:
     return RunView(
-        id=run.id, org_id=run.org_id, status=run.status, code=run.code, error=run.error,
-        output=run.output, created_at=run.created_at, finished_at=run.finished_at,
-        attempts=[AttemptView(a.generation, a.state, a.sandbox_id, a.started_at, a.ended_at,
-                              a.last_heartbeat_at,
+        id=run.id, org_id=run.org_id, status=RunStatus(run.status), code=run.code,
+        error=run.error, output=run.output, created_at=run.created_at,
+        finished_at=run.finished_at,
+        attempts=[AttemptView(a.generation, AttemptState(a.state), a.sandbox_id,
+                              a.started_at, a.ended_at, a.last_heartbeat_at,
                               a.lease_expires_at if a.runner_started_at is not None
-                              and a.state == "active" else None)
+                              and a.state == AttemptState.ACTIVE else None)
                   for a in attempts],
         play_path=run.play_path, idempotency_key=run.idempotency_key,
         deferral_count=run.deferral_count,
@@ -202,7 +205,7 @@ def _outcome(run_id: str) -> tuple[str, RunResult | None]:
         raise RunNotFoundError(f"no run with id {run_id}")
     status, output, error, code = row
     if status in TERMINAL_STATUSES:
-        return status, RunResult(status, output, error, code)
+        return status, RunResult(RunStatus(status), output, error, code)
     return status, None
 
 
@@ -256,10 +259,10 @@ def cancel_run(run_id: str) -> RunView:
         first = run.status not in TERMINAL_STATUSES and run.cancel_requested_at is None
         if first:
             run.cancel_requested_at = db_now()
-            ledger.append(session, run_id, EV_CANCEL_REQUESTED, {})
+            ledger.append(session, run_id, EventKind.CANCEL_REQUESTED, {})
     if first:
         # Queued or deferred runs have nobody watching: settle here (a no-op if active).
-        settle_unattended(run_id, Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled"))
+        settle_unattended(run_id, CANCELLED_OUTCOME)
         launched = _launched_host(run_id)
         if launched is not None:
             # The sandbox's host deletes it, then writes `cancelled`; the runner also hears
@@ -275,7 +278,7 @@ def _launched_host(run_id: str) -> str | None:
         row = session.execute(sa.select(Attempt.host_queue).join(Run, Run.id == Attempt.run_id)
                               .where(Attempt.run_id == run_id,
                                      Attempt.generation == Run.current_generation,
-                                     Attempt.state == "active",
+                                     Attempt.state == AttemptState.ACTIVE,
                                      Attempt.runner_started_at.is_not(None))).first()
     return None if row is None else (row[0] or "")
 

@@ -2,42 +2,121 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Final
 
-# Run statuses (SPEC section 5).
-QUEUED: Final = "queued"
-RUNNING: Final = "running"
-SUCCEEDED: Final = "succeeded"
-FAILED: Final = "failed"
-CANCELLED: Final = "cancelled"
-TERMINAL_STATUSES: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
-RUN_STATUSES: Final = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+# States and kinds the database stores: each value is exactly the string in its column,
+# so a StrEnum member compares equal to what SQL, Lua and older rows hold.
 
-# Attempt states.
-ATTEMPT_ACTIVE: Final = "active"
-ATTEMPT_ENDED: Final = "ended"
-ATTEMPT_FENCED_OUT: Final = "fenced_out"
-# Waiting out a pre-code deferral; resumed by the next claim without a new generation.
-ATTEMPT_DEFERRED: Final = "deferred"
 
-# Capacity lease states: reserved -> live -> released (SPEC 4.4).
-LEASE_RESERVED: Final = "reserved"
-LEASE_LIVE: Final = "live"
-LEASE_RELEASED: Final = "released"
-LEASE_HELD: Final = (LEASE_RESERVED, LEASE_LIVE)
+class RunStatus(enum.StrEnum):
+    """runs.status (SPEC section 5)."""
 
-# Runtime resource (sandbox) states.
-RESOURCE_LIVE: Final = "live"
-RESOURCE_CLEANUP: Final = "cleanup"
-RESOURCE_DELETED: Final = "deleted"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
 
-# Work receipt statuses (SPEC 4.7); pending and running are held by their owner attempt.
-RECEIPT_PENDING: Final = "pending"
-RECEIPT_RUNNING: Final = "running"
-RECEIPT_COMPLETED: Final = "completed"
-RECEIPT_FAILED: Final = "failed"
-RECEIPT_RELEASED: Final = "released"
-RECEIPT_HELD: Final = frozenset({RECEIPT_PENDING, RECEIPT_RUNNING})
+
+TERMINAL_STATUSES: Final = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class AttemptState(enum.StrEnum):
+    """attempts.state."""
+
+    ACTIVE = "active"
+    ENDED = "ended"
+    FENCED_OUT = "fenced_out"
+    # Waiting out a pre-code deferral; resumed by the next claim without a new generation.
+    DEFERRED = "deferred"
+
+
+class LeaseState(enum.StrEnum):
+    """capacity_leases.state: reserved -> live -> released (SPEC 4.4)."""
+
+    RESERVED = "reserved"
+    LIVE = "live"
+    RELEASED = "released"
+
+
+LEASE_HELD: Final = (LeaseState.RESERVED, LeaseState.LIVE)
+
+
+class SandboxState(enum.StrEnum):
+    """runtime_resources.state: a run's sandbox."""
+
+    LIVE = "live"
+    CLEANUP = "cleanup"
+    DELETED = "deleted"
+
+
+class ReceiptState(enum.StrEnum):
+    """work_receipts.status (SPEC 4.7); pending and running are held by their owner attempt."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RELEASED = "released"
+
+
+RECEIPT_HELD: Final = frozenset({ReceiptState.PENDING, ReceiptState.RUNNING})
+
+
+class SheetRowStatus(enum.StrEnum):
+    """sheet_rows.status (its CHECK constraint lists the same values)."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class IntentKind(enum.StrEnum):
+    """sheet_write_intents.kind."""
+
+    STABLE = "stable"  # one per (run, table), reused by every page and wake
+    LEGACY = "legacy"  # minted by each legacy sheet_start without a version
+
+
+class IntentStatus(enum.StrEnum):
+    """sheet_write_intents.status."""
+
+    ADMITTED = "admitted"
+
+
+class EventKind(enum.StrEnum):
+    """run_events.kind: the ledger (SPEC section 5)."""
+
+    ADMITTED = "run.admitted"
+    ATTEMPT_STARTED = "attempt.started"
+    DEFERRED = "run.deferred"
+    SANDBOX_REQUESTED = "sandbox.requested"
+    SANDBOX_LIVE = "sandbox.live"
+    PROGRESS = "run.progress"
+    SANDBOX_DELETED = "sandbox.deleted"
+    CAPACITY_RELEASED = "capacity.released"
+    CAPACITY_OVERRUN = "capacity.overrun"
+    RECEIPTS_RELEASED = "receipts.released"
+    STEP_REUSED = "step.reused"
+    STEP_COMPLETED = "step.completed"
+    STEP_FAILED = "step.failed"
+    STEP_TAKEN_OVER = "step.taken_over"
+    CANCEL_REQUESTED = "run.cancel_requested"
+    MAINTENANCE_FAILED = "run.maintenance_failed"
+    PROGRESS_DROPPED = "run.progress_dropped"
+    RUNNER_LOST = "runner.lost"
+    RUNNER_UNREACHABLE = "runner.unreachable"
+    SUCCEEDED = "run.succeeded"
+    FAILED = "run.failed"
+    CANCELLED = "run.cancelled"
+
+
+TERMINAL_EVENT: Final = {
+    RunStatus.SUCCEEDED: EventKind.SUCCEEDED,
+    RunStatus.FAILED: EventKind.FAILED,
+    RunStatus.CANCELLED: EventKind.CANCELLED,
+}
 
 # Stable failure codes (SPEC section 5).
 PLAY_NOT_FOUND: Final = "PLAY_NOT_FOUND"
@@ -64,30 +143,6 @@ RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE: Final = "RUNTIME_SHEET_WRITE_INTENT_UNAV
 CAPACITY_EXCEEDED_MESSAGE: Final = (
     "This organization's execution concurrency limit is currently full."
 )
-
-# Ledger event kinds (SPEC section 5).
-EV_ADMITTED: Final = "run.admitted"
-EV_ATTEMPT_STARTED: Final = "attempt.started"
-EV_DEFERRED: Final = "run.deferred"
-EV_SANDBOX_REQUESTED: Final = "sandbox.requested"
-EV_SANDBOX_LIVE: Final = "sandbox.live"
-EV_PROGRESS: Final = "run.progress"
-EV_SANDBOX_DELETED: Final = "sandbox.deleted"
-EV_CAPACITY_RELEASED: Final = "capacity.released"
-EV_CAPACITY_OVERRUN: Final = "capacity.overrun"
-EV_RECEIPTS_RELEASED: Final = "receipts.released"
-EV_STEP_REUSED: Final = "step.reused"
-EV_STEP_COMPLETED: Final = "step.completed"
-EV_STEP_FAILED: Final = "step.failed"
-EV_STEP_TAKEN_OVER: Final = "step.taken_over"
-EV_CANCEL_REQUESTED: Final = "run.cancel_requested"
-EV_MAINTENANCE_FAILED: Final = "run.maintenance_failed"
-EV_PROGRESS_DROPPED: Final = "run.progress_dropped"
-EV_RUNNER_LOST: Final = "runner.lost"
-EV_RUNNER_UNREACHABLE: Final = "runner.unreachable"
-TERMINAL_EVENT: Final = {
-    SUCCEEDED: "run.succeeded", FAILED: "run.failed", CANCELLED: "run.cancelled",
-}
 
 # Sandbox labels (provider-neutral; GC lists by these).
 LABEL_MANAGED: Final = "playrun"
@@ -187,14 +242,7 @@ MAX_STATS_WINDOW_S: Final = 10 * 365 * 86400.0
 MAX_STEP_KEY_CHARS: Final = 1024
 MAX_STEP_OUTPUT_BYTES: Final = 256 * 1024
 MAX_STEP_TTL_S: Final = 10 * 365 * 86400
-# Runtime sheets: row states, write-intent kinds, and what one request may carry.
-SHEET_PENDING: Final = "pending"
-SHEET_DONE: Final = "done"
-SHEET_FAILED: Final = "failed"
-SHEET_ROW_STATUSES: Final = (SHEET_PENDING, SHEET_DONE, SHEET_FAILED)
-INTENT_STABLE: Final = "stable"  # one per (run, table), reused by every page and wake
-INTENT_LEGACY: Final = "legacy"  # minted by each legacy sheet_start without a version
-INTENT_ADMITTED: Final = "admitted"
+# Runtime sheets: what one request may carry.
 SHEET_MAX_PAGE_ROWS: Final = 2000
 SHEET_MAX_KEY_BYTES: Final = 1024
 SHEET_MAX_ROW_BYTES: Final = 64 * 1024

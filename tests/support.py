@@ -19,7 +19,7 @@ from models import Attempt, CapacityLease, Outbox, Run, RunEvent, RuntimeResourc
 from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.admission.submit import admit
-from tasks.constants import ATTEMPT_ACTIVE, ATTEMPT_FENCED_OUT, TERMINAL_STATUSES
+from tasks.constants import TERMINAL_STATUSES, AttemptState
 from tasks.execution.launch import record_launch
 from tasks.sandbox import SandboxRef
 from tasks.settings import Settings, get_settings
@@ -117,7 +117,7 @@ def is_current(fence: Fence) -> bool:
         return bool(session.scalar(
             sa.select(sa.func.count()).select_from(Attempt).join(Run, Run.id == Attempt.run_id)
             .where(Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
-                   Attempt.lease_token == fence.lease_token, Attempt.state == ATTEMPT_ACTIVE,
+                   Attempt.lease_token == fence.lease_token, Attempt.state == AttemptState.ACTIVE,
                    Attempt.lease_expires_at > db_now(),
                    Run.current_generation == fence.generation,
                    Run.status.not_in(list(TERMINAL_STATUSES)))))
@@ -140,8 +140,8 @@ def supersede(run_id: str) -> None:
     """Test harness: abandon the current attempt so the next claim opens a new generation."""
     with session_scope() as session:
         session.execute(sa.update(Attempt).where(
-            Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE,
-        ).values(state=ATTEMPT_FENCED_OUT, ended_at=db_now()))
+            Attempt.run_id == run_id, Attempt.state == AttemptState.ACTIVE,
+        ).values(state=AttemptState.FENCED_OUT, ended_at=db_now()))
 
 
 def close_open_runs(org_prefix: str) -> None:
@@ -150,8 +150,9 @@ def close_open_runs(org_prefix: str) -> None:
         open_ids = sa.select(Run.id).where(Run.status.not_in(list(TERMINAL_STATUSES)),
                                            Run.org_id.startswith(org_prefix))
         session.execute(sa.update(Attempt).where(
-            Attempt.run_id.in_(open_ids), Attempt.state.in_([ATTEMPT_ACTIVE, "deferred"]),
-        ).values(state="ended", end_reason="test_cleanup", ended_at=db_now()))
+            Attempt.run_id.in_(open_ids),
+            Attempt.state.in_([AttemptState.ACTIVE, AttemptState.DEFERRED]),
+        ).values(state=AttemptState.ENDED, end_reason="test_cleanup", ended_at=db_now()))
         session.execute(sa.update(CapacityLease).where(
             CapacityLease.run_id.in_(open_ids), CapacityLease.state.in_(["reserved", "live"]),
         ).values(state="released", released_at=db_now()))

@@ -29,12 +29,7 @@ from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed
 from tasks.acquisition.deferral import defer
 from tasks.acquisition.sandbox import labels_for, record_live
-from tasks.constants import (
-    CAPACITY_EXCEEDED_MESSAGE,
-    LABEL_RUN,
-    MAX_SQL_INT,
-    SUCCEEDED,
-)
+from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, LABEL_RUN, MAX_SQL_INT, RunStatus
 from tasks.errors import CapacityExceededError, FenceLostError
 from tasks.maintenance.reaper import _adopt, expire_reservations
 from tasks.release.attempt import release_attempt
@@ -323,7 +318,7 @@ def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own
     deleted = [e.data for e in tasks.run_events(run_id) if e.kind == "sandbox.deleted"]
     assert deleted == [{"sandbox_id": late.sandbox_id}]
     # B finishes normally and gives everything back.
-    assert settle(b, Outcome(SUCCEEDED, output={}), reason="ended").won
+    assert settle(b, Outcome(RunStatus.SUCCEEDED, output={}), reason="ended").won
     release_attempt(run_id, b.generation, b.lease_token)
     assert prov.list({LABEL_RUN: run_id}) == []
     assert lease(lease_b)[0] == "released"

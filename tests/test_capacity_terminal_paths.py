@@ -12,11 +12,7 @@ import sqlalchemy as sa
 import tasks
 from models import CapacityLease, RuntimeResource
 from tasks.acquisition import capacity
-from tasks.constants import (
-    CAPACITY_EXCEEDED_MESSAGE,
-    LABEL_RUN,
-    RESOURCE_DELETED,
-)
+from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, LABEL_RUN, SandboxState
 from tasks.sandbox import FakeScript, SandboxProvider, get_provider
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
@@ -43,7 +39,7 @@ def _leftovers(run_id: str, prov: SandboxProvider) -> tuple[int, list[str], list
         holding = int(session.scalar(sa.select(sa.func.count()).where(
             CapacityLease.run_id == run_id, CapacityLease.state.in_(capacity.HELD))) or 0)
         undeleted = list(session.scalars(sa.select(RuntimeResource.sandbox_id).where(
-            RuntimeResource.run_id == run_id, RuntimeResource.state != RESOURCE_DELETED)))
+            RuntimeResource.run_id == run_id, RuntimeResource.state != SandboxState.DELETED)))
     return holding, undeleted, [r.sandbox_id for r in prov.list({LABEL_RUN: run_id})]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from models import RunEvent
 from tasks.acquisition import deferral
-from tasks.constants import EV_STEP_COMPLETED, EV_STEP_REUSED
+from tasks.constants import EventKind
 from tasks.dashboard.runpage import FailureClass, SheetPanel, failure_class, run_page
 from tasks.errors import RunNotFoundError
 from tasks.settings import get_settings
@@ -57,9 +57,9 @@ def test_sheet_rows_taken_over_by_a_newer_version_name_the_winner(org: str) -> N
 def test_steps_are_counted_and_a_long_ledger_is_paged(org: str) -> None:
     run_id = new_run(org)
     with session_scope() as session:
-        session.add_all([RunEvent(run_id=run_id, kind=EV_STEP_REUSED, data={"key": "k"})
+        session.add_all([RunEvent(run_id=run_id, kind=EventKind.STEP_REUSED, data={"key": "k"})
                          for _ in range(2)])
-        session.add(RunEvent(run_id=run_id, kind=EV_STEP_COMPLETED, data={"key": "j"}))
+        session.add(RunEvent(run_id=run_id, kind=EventKind.STEP_COMPLETED, data={"key": "j"}))
         session.add_all([RunEvent(run_id=run_id, kind="run.progress",
                                   data={"message": f"m{i}", "fields": {}}) for i in range(247)])
     page = run_page(run_id)

@@ -29,7 +29,7 @@ from models import Attempt, Run, db_now
 from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed, Skipped
 from tasks.acquisition.sandbox import note_requested, record_live
-from tasks.constants import FAILED, SUCCEEDED
+from tasks.constants import RunStatus
 from tasks.errors import FenceLostError
 from tasks.execution.launch import record_launch
 from tasks.maintenance.reaper import _adopt
@@ -232,7 +232,7 @@ def test_a_claim_that_loses_by_a_hair_opens_nothing(pg_url: str, path: str) -> N
 def test_claim_skips_terminal_and_cancelled_runs(pg_url: str) -> None:
     done = new_run()
     fence = must_claim(done)
-    assert settle(fence, Outcome(SUCCEEDED, output=1), reason="ended").won
+    assert settle(fence, Outcome(RunStatus.SUCCEEDED, output=1), reason="ended").won
     assert claim_now(done) == Skipped("terminal")
     cancelled = new_run()
     with session_scope() as session:
@@ -277,7 +277,7 @@ def test_a_stale_fence_cannot_write(pg_url: str, kind: str) -> None:
     with pytest.raises(FenceLostError), session_scope() as session:
         hold(session, stale)
     with pytest.raises(FenceLostError):
-        settle(stale, Outcome(SUCCEEDED, output={"stale": True}), reason="ended")
+        settle(stale, Outcome(RunStatus.SUCCEEDED, output={"stale": True}), reason="ended")
     with pytest.raises(FenceLostError), session_scope() as session:
         hold(session, stale)
         renew(session, stale, 3600)
@@ -311,11 +311,11 @@ def test_a_stale_fence_cannot_write(pg_url: str, kind: str) -> None:
         # The real holder still writes: the fence is selective, not broken.
         note_requested(current, "local")
         assert event_kinds(run_id).count("sandbox.requested") == 1
-        assert settle(current, Outcome(FAILED, "PLAY_ERROR", "x"), reason="ended").won
+        assert settle(current, Outcome(RunStatus.FAILED, "PLAY_ERROR", "x"), reason="ended").won
         won = outcome_of(run_id)
-        assert won.status == FAILED
+        assert won.status == RunStatus.FAILED
         # Now the stale writer is told what won, and still writes nothing.
-        late = settle(stale, Outcome(SUCCEEDED, output={"stale": True}), reason="ended")
+        late = settle(stale, Outcome(RunStatus.SUCCEEDED, output={"stale": True}), reason="ended")
         assert not late.won and late.outcome == won
         assert outcome_of(run_id) == won
 
@@ -324,8 +324,8 @@ def test_a_stale_fence_cannot_write(pg_url: str, kind: str) -> None:
 
 def _outcomes(prefix: str, n: int) -> list[tuple[Any, ...]]:
     kinds = [
-        lambda i: (SUCCEEDED, None, None, {"writer": f"{prefix}{i}"}),
-        lambda i: (FAILED, "PLAY_ERROR", f"writer {prefix}{i} failed", None),
+        lambda i: (RunStatus.SUCCEEDED, None, None, {"writer": f"{prefix}{i}"}),
+        lambda i: (RunStatus.FAILED, "PLAY_ERROR", f"writer {prefix}{i} failed", None),
         lambda i: ("cancelled", "CANCELLED", f"writer {prefix}{i} cancelled", None),
     ]
     return [kinds[i % 3](i) for i in range(n)]
@@ -367,7 +367,8 @@ def test_first_terminal_write_wins_under_concurrency(pg_url: str) -> None:
     assert sum(k in TERMINAL_EVENTS for k in kinds_now) == 1
     # Later writers, fenced or not, change nothing and hear the same answer.
     before = snapshot(run_id)
-    assert _settled_tuple(fence, Outcome(FAILED, "RUN_TIMEOUT", "late")) == (False, *winning)
+    late = Outcome(RunStatus.FAILED, "RUN_TIMEOUT", "late")
+    assert _settled_tuple(fence, late) == (False, *winning)
     assert settle_unattended(run_id, Outcome("cancelled", "CANCELLED", "late")).outcome == \
         Outcome(*winning)
     assert snapshot(run_id) == before
@@ -385,8 +386,8 @@ def test_first_pushed_terminal_wins_under_concurrency(pg_url: str) -> None:
         settled = settle_launch(fence, outcome)
         return settled.won, settled.outcome
 
-    pushed = [Outcome(SUCCEEDED, output={"writer": i}) if i % 2
-              else Outcome(FAILED, "PLAY_ERROR", f"writer {i} failed") for i in range(n)]
+    pushed = [Outcome(RunStatus.SUCCEEDED, output={"writer": i}) if i % 2
+              else Outcome(RunStatus.FAILED, "PLAY_ERROR", f"writer {i} failed") for i in range(n)]
     with ThreadPoolExecutor(n) as pool:
         results = list(pool.map(one, pushed))
     winners = [r for r in results if r[0]]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from models import Attempt, db_now
 from tasks.acquisition.claim import Claimed
-from tasks.constants import ATTEMPT_ACTIVE, FAILED, SUCCEEDED, TERMINAL_STATUSES
+from tasks.constants import TERMINAL_STATUSES, AttemptState, RunStatus
 from tasks.errors import FenceLostError
 from tasks.maintenance.reaper import _adopt
 from tasks.settings import get_settings
@@ -43,8 +43,8 @@ def _no_open_runs_left(pg_url: str) -> Iterator[None]:
 # --- interleavings (hypothesis) -------------------------------------------------------------
 
 OUTCOMES = [
-    Outcome(SUCCEEDED, output={"n": 1}),
-    Outcome(FAILED, "PLAY_ERROR", "boom"),
+    Outcome(RunStatus.SUCCEEDED, output={"n": 1}),
+    Outcome(RunStatus.FAILED, "PLAY_ERROR", "boom"),
     Outcome("cancelled", "CANCELLED", "the run was cancelled"),
 ]
 OPS = st.one_of(
@@ -61,12 +61,12 @@ def _expire(run_id: str) -> None:
     """Time passes for the active attempt: its lease is now behind the database clock."""
     with session_scope() as session:
         session.execute(sa.update(Attempt).where(
-            Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE,
+            Attempt.run_id == run_id, Attempt.state == AttemptState.ACTIVE,
         ).values(lease_expires_at=db_now(-1)))
 
 
 def _active_count(snap: dict[str, Any]) -> int:
-    return sum(1 for a in snap["attempts"] if a[2] == ATTEMPT_ACTIVE)
+    return sum(1 for a in snap["attempts"] if a[2] == AttemptState.ACTIVE)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,7 +19,7 @@ from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Claimed, Skip, Skipped, claim
 from tasks.acquisition.first_start import FirstStart, first_start
 from tasks.acquisition.start import Opened, open_attempt
-from tasks.constants import ATTEMPT_ACTIVE, EV_ATTEMPT_STARTED, EV_CAPACITY_OVERRUN, RUNNING
+from tasks.constants import AttemptState, EventKind, RunStatus
 from tasks.settings import Settings, get_settings
 from tasks.store.db import session_scope
 from tests.helpers import kinds
@@ -66,11 +66,11 @@ def test_a_first_start_opens_attempt_one_and_reserves_its_slot(
     assert got.claimed.input == {} and "def run(ctx, input)" in got.claimed.play_source
     assert got.policy.mode == traffic.NORMAL and got.full is None
     snap = snapshot(run_id)
-    assert snap["run"][0] == RUNNING and snap["run"][4] == 1
+    assert snap["run"][0] == RunStatus.RUNNING and snap["run"][4] == 1
     assert [(a[0], a[1], a[2]) for a in snap["attempts"]] == [
-        (1, fence.lease_token, ATTEMPT_ACTIVE)]
+        (1, fence.lease_token, AttemptState.ACTIVE)]
     assert [(x[0], x[1]) for x in snap["leases"]] == [(got.lease_id, capacity.RESERVED)]
-    assert kinds(run_id)[-1] == EV_ATTEMPT_STARTED
+    assert kinds(run_id)[-1] == EventKind.ATTEMPT_STARTED
     assert held(org_id) == 1
 
 
@@ -185,7 +185,7 @@ def test_a_full_org_claims_and_says_full(pg_url: str) -> None:
     got = opened(second)
     assert got.lease_id is None and got.full is not None
     assert got.full.code == "SANDBOX_CAPACITY_EXCEEDED"
-    assert snapshot(second)["attempts"][0][2] == ATTEMPT_ACTIVE  # claimed, to be deferred
+    assert snapshot(second)["attempts"][0][2] == AttemptState.ACTIVE  # claimed, to be deferred
     assert held(org_id) == 1
 
 
@@ -197,7 +197,7 @@ def test_observe_mode_admits_past_the_limit_and_logs_the_overrun_after_the_start
     run_id = new_run(org_id)
     got = opened(run_id, settings(capacity_mode="observe"))
     assert got.lease_id is not None and got.full is None
-    assert kinds(run_id)[-2:] == [EV_ATTEMPT_STARTED, EV_CAPACITY_OVERRUN]
+    assert kinds(run_id)[-2:] == [EventKind.ATTEMPT_STARTED, EventKind.CAPACITY_OVERRUN]
     assert held(org_id) == 2
 
 

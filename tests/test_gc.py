@@ -20,7 +20,7 @@ from models import RuntimeResource
 from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed
 from tasks.acquisition.sandbox import labels_for, record_for_cleanup, record_live
-from tasks.constants import LABEL_FLEET, LABEL_GENERATION, LABEL_MANAGED, LABEL_RUN, SUCCEEDED
+from tasks.constants import LABEL_FLEET, LABEL_GENERATION, LABEL_MANAGED, LABEL_RUN, RunStatus
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec, get_provider
@@ -95,7 +95,7 @@ def test_gc_deletes_what_nothing_current_owns_and_keeps_the_rest(
     of_terminal = owned(prov, done_fence, done_org)
     record_live(done_fence, of_terminal, lambda s, ref: capacity.promote(
         s, done_fence, lease_id, ref.provider, ref.sandbox_id))
-    assert settle(done_fence, Outcome(SUCCEEDED, output={}), reason="ended").won
+    assert settle(done_fence, Outcome(RunStatus.SUCCEEDED, output={}), reason="ended").won
 
     # A superseded attempt (generation 1) of a run now on generation 2.
     old_org = org()

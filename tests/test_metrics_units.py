@@ -16,11 +16,11 @@ from tasks.acquisition import capacity
 from tasks.broker.taskrepr import shown
 from tasks.constants import (
     LEASE_HELD,
-    SUCCEEDED,
     TASK_INSPECT_ATTEMPT,
     TASK_RELEASE_ATTEMPT,
     TASK_RELEASE_ATTEMPTS,
     TASK_START_ATTEMPT,
+    RunStatus,
 )
 from tasks.errors import ConfigurationError
 from tasks.gateway import observe
@@ -91,8 +91,8 @@ def test_a_terminal_is_counted_once_by_the_settle_that_won(pg_url: str) -> None:
     before = value("playrun_runs_ended_total", status="succeeded", code="none")
     timed = value("playrun_submit_to_terminal_seconds_count", status="succeeded")
     fence = must_claim(new_run(f"{ORGS}{uuid.uuid4().hex[:6]}"))
-    first = settle(fence, Outcome(SUCCEEDED, output={}), reason="ended")
-    second = settle(fence, Outcome(SUCCEEDED, output={}), reason="ended")
+    first = settle(fence, Outcome(RunStatus.SUCCEEDED, output={}), reason="ended")
+    second = settle(fence, Outcome(RunStatus.SUCCEEDED, output={}), reason="ended")
     assert first.won and not second.won
     assert value("playrun_runs_ended_total", status="succeeded", code="none") == before + 1
     assert value("playrun_submit_to_terminal_seconds_count", status="succeeded") == timed + 1

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 import tasks
 from models import Attempt, db_now
-from tasks.constants import SUCCEEDED
+from tasks.constants import RunStatus
 from tasks.release.finish import finish
 from tasks.settlement.outcome import Outcome, from_result
 from tasks.settlement.terminal import settle
@@ -23,7 +23,7 @@ from tests.support import lease, must_claim, new_run, reserve
 def test_a_cancel_recorded_before_the_terminal_wins(pg_url: str) -> None:
     f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)
-    settled = settle(f, Outcome(SUCCEEDED, output={"late": True}), reason="ended")
+    settled = settle(f, Outcome(RunStatus.SUCCEEDED, output={"late": True}), reason="ended")
     assert settled.won and settled.outcome.status == "cancelled"
     view = tasks.get_run(f.run_id)
     assert (view.status, view.code, view.output) == ("cancelled", "CANCELLED", None)
@@ -43,14 +43,14 @@ def test_a_holder_whose_lease_ran_out_releases_nothing(
     lease_id = reserve(f, org)
     _set_lease(f.run_id, -1)  # the lease runs out (a long stall), nobody adopted yet
     with caplog.at_level(logging.WARNING, logger="playrun.finish"):
-        assert finish(f, Outcome(SUCCEEDED, output={}), "ended") is None
+        assert finish(f, Outcome(RunStatus.SUCCEEDED, output={}), "ended") is None
     assert f"run {f.run_id} not settled yet" in caplog.text  # it tried, and left it
     assert tasks.get_run(f.run_id).status == "running"
     assert lease(lease_id)[0] == "reserved"  # kept for the reaper, which owns it next
     # The same call with the lease intact settles and releases: the refusal above was
     # the expired lease, not a finish() that does nothing.
     _set_lease(f.run_id, 30)
-    settled = finish(f, Outcome(SUCCEEDED, output={"n": 1}), "ended")
+    settled = finish(f, Outcome(RunStatus.SUCCEEDED, output={"n": 1}), "ended")
     assert settled is not None and settled.won
     assert (tasks.get_run(f.run_id).status, lease(lease_id)[0]) == ("succeeded", "released")
 

@@ -253,3 +253,13 @@ def test_local_fallback_paces_at_initial_rate_without_growth() -> None:
     assert penalty.applied and penalty.rate == 60.0  # pinned: no cut, but a cooldown
     assert not local.acquire("daytona", [rule]).granted
     assert local.inspect("daytona", [rule])[0].epoch == 1
+
+
+def test_a_providers_published_create_limit_bounds_the_default_rule() -> None:
+    (rule,) = rules_for(Settings(), "e2b", None, published_per_min=60)
+    assert (rule.initial_per_min, rule.max_per_min) == (60, 60)
+    # An operator on a bigger plan says so, and that wins over the published default.
+    (rule,) = rules_for(Settings(start_rate_max_per_min=300), "e2b", None, published_per_min=60)
+    assert rule.max_per_min == 300
+    (rule,) = rules_for(Settings(), "daytona", None, published_per_min=None)
+    assert rule.max_per_min == Settings().start_rate_max_per_min

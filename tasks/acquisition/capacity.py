@@ -17,14 +17,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import CapacityLease, CapacityOrg, db_now, new_id
-from tasks.constants import (
-    CAPACITY_EXCEEDED_MESSAGE,
-    EV_CAPACITY_OVERRUN,
-    LEASE_HELD,
-    LEASE_LIVE,
-    LEASE_RELEASED,
-    LEASE_RESERVED,
-)
+from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, LEASE_HELD, EventKind, LeaseState
 from tasks.errors import CapacityExceededError, FenceLostError
 from tasks.parse.checks import check_count, check_org_id
 from tasks.settings import Settings
@@ -32,9 +25,9 @@ from tasks.store import ledger
 from tasks.store.db import is_postgres, session_scope
 from tasks.store.fence import HELD_SQL, Fence, fence_params, hold
 
-RESERVED = LEASE_RESERVED
-LIVE = LEASE_LIVE
-RELEASED = LEASE_RELEASED
+RESERVED = LeaseState.RESERVED
+LIVE = LeaseState.LIVE
+RELEASED = LeaseState.RELEASED
 HELD = LEASE_HELD
 
 
@@ -91,7 +84,7 @@ WITH held AS ({HELD_SQL}), res AS (
         %(observe)s, %(ttl)s) AS f
 ), overrun AS (
     INSERT INTO run_events (run_id, generation, kind, data)
-    SELECT %(run)s, %(gen)s, '{EV_CAPACITY_OVERRUN}', jsonb_build_object(
+    SELECT %(run)s, %(gen)s, '{EventKind.CAPACITY_OVERRUN}', jsonb_build_object(
         'lease_id', res.lease_id, 'in_use', res.used, 'limit', res.cap)
     FROM res WHERE res.lease_id IS NOT NULL AND res.used >= res.cap
 )
@@ -99,19 +92,23 @@ SELECT used, lease_id, cap FROM res
 """
 
 
-def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> Reservation:
+def reserve(session: Session, fence: Fence, org_id: str, settings: Settings, *,
+            default: int | None = None, observe: bool | None = None) -> Reservation:
     """Take a slot for this attempt in the caller's transaction; the fence is checked here.
 
     Raises CapacityExceededError in `enforce` mode when the org is full; in
     `observe` mode admits and records the overrun in the ledger.
     """
-    observe = settings.capacity_mode != "enforce"
+    if observe is None:
+        observe = settings.capacity_mode != "enforce"
+    if default is None:
+        default = settings.org_capacity
     lease_id = new_id()
     if is_postgres(session):
         session.flush()  # the raw statement follows the caller's pending writes
         row = session.connection().exec_driver_sql(_PG_RESERVE, {
             **fence_params(fence), "org": org_id, "id": lease_id,
-            "default": settings.org_capacity, "observe": observe,
+            "default": default, "observe": observe,
             "ttl": float(settings.capacity_reservation_ttl_s)}).first()
         if row is None:
             hold(session, fence)  # raises, saying which part of the fence failed
@@ -121,7 +118,7 @@ def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> 
     else:
         hold(session, fence)
         override = _lock_org(session, org_id)
-        limit = settings.org_capacity if override is None else override
+        limit = default if override is None else override
         used = in_use(session, org_id)
         inserted = None
         if used < limit or observe:
@@ -131,7 +128,7 @@ def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> 
                 expires_at=db_now(settings.capacity_reservation_ttl_s)))
             inserted = lease_id
             if used >= limit:
-                ledger.append(session, fence.run_id, EV_CAPACITY_OVERRUN,
+                ledger.append(session, fence.run_id, EventKind.CAPACITY_OVERRUN,
                               {"lease_id": lease_id, "in_use": used, "limit": limit},
                               fence.generation)
     if inserted is None:
@@ -196,6 +193,35 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
         return
     state = "missing" if lease is None else lease.state
     raise FenceLostError(f"capacity lease {lease_id} is {state}, not reserved for this attempt")
+
+
+def pool_for(provider: str) -> str:
+    """The pseudo-org whose leases count a provider's live sandboxes fleet-wide; `~` is
+    outside every org id, so no tenant can share it."""
+    return f"~provider:{provider}"
+
+
+def reserve_pool(session: Session, fence: Fence, provider: str, max_live: int,
+                 settings: Settings, org_lease_id: str | None) -> str | None:
+    """A slot among the provider's `max_live` after the org's, in the same transaction and
+    under the same kind of lock, so the provider is never asked for more. None when full:
+    the org's slot taken just before is given back in this transaction."""
+    try:
+        return reserve(session, fence, pool_for(provider), settings, default=max_live,
+                       observe=False).lease_id
+    except CapacityExceededError:
+        if org_lease_id is not None:
+            session.execute(sa.delete(CapacityLease).where(CapacityLease.id == org_lease_id))
+        return None
+
+
+def promote_pool(session: Session, fence: Fence, provider: str, sandbox_id: str) -> None:
+    """The provider pool's lease goes live with the org's (same transaction, same fence)."""
+    session.execute(sa.update(CapacityLease).where(
+        CapacityLease.run_id == fence.run_id, CapacityLease.generation == fence.generation,
+        CapacityLease.org_id == pool_for(provider), CapacityLease.state == RESERVED,
+    ).values(state=LIVE, provider=provider, sandbox_id=sandbox_id, live_at=db_now(),
+             expires_at=None))
 
 
 def set_limit(org_id: str, limit: int | None) -> None:

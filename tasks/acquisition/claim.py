@@ -16,13 +16,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from models import Attempt, PlayBundle, Run, RunEvent, db_now, new_id
-from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    ATTEMPT_DEFERRED,
-    EV_ATTEMPT_STARTED,
-    RUNNING,
-    TERMINAL_STATUSES,
-)
+from tasks.constants import TERMINAL_STATUSES, AttemptState, EventKind, RunStatus
 from tasks.store import ledger
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence
@@ -97,13 +91,13 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
     if not due:
         return Skipped(Skip.NOT_DUE)
     token = secrets.token_hex(16)
-    if current is not None and current.state == ATTEMPT_ACTIVE:
+    if current is not None and current.state == AttemptState.ACTIVE:
         return Skipped(Skip.ACTIVE)
-    resumed = current is not None and current.state == ATTEMPT_DEFERRED
+    resumed = current is not None and current.state == AttemptState.DEFERRED
     if resumed:
         assert current is not None
         current.lease_token = token
-        current.state = ATTEMPT_ACTIVE
+        current.state = AttemptState.ACTIVE
         current.worker_id = worker_id
         current.lease_expires_at = db_now(lease_seconds)
         # A new holder starts from scratch: nothing of an earlier cycle was launched.
@@ -121,12 +115,12 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
                            False)
         session.add(Attempt(
             run_id=run_id, generation=generation, lease_token=token, worker_id=worker_id,
-            state=ATTEMPT_ACTIVE, lease_expires_at=db_now(lease_seconds), events_offset=0,
+            state=AttemptState.ACTIVE, lease_expires_at=db_now(lease_seconds), events_offset=0,
         ))
         run.current_generation = generation
-        ledger.append(session, run_id, EV_ATTEMPT_STARTED, {"generation": generation},
+        ledger.append(session, run_id, EventKind.ATTEMPT_STARTED, {"generation": generation},
                       generation)
-    run.status = RUNNING
+    run.status = RunStatus.RUNNING
     run.deferred_until = None
     run.updated_at = db_now()
     return Claimed(Fence(run_id, generation, token), run.org_id, source, run.input, resumed)
@@ -136,15 +130,15 @@ def claim(session: Session, run_id: str, *, worker_id: str, lease_seconds: float
 _NEW_ATTEMPT = sa.insert(Attempt).values(
     id=sa.bindparam("o_id"), run_id=sa.bindparam("o_run"),
     generation=sa.bindparam("o_gen"), lease_token=sa.bindparam("o_token"),
-    worker_id=sa.bindparam("o_worker"), state=ATTEMPT_ACTIVE,
+    worker_id=sa.bindparam("o_worker"), state=AttemptState.ACTIVE,
     lease_expires_at=db_now(sa.bindparam("o_lease", type_=sa.Float)),
     events_offset=0, progress_count=0, progress_dropped=0).cte("new_attempt")
 _STARTED_EVENT = sa.insert(RunEvent).values(
-    run_id=sa.bindparam("o_run"), generation=sa.bindparam("o_gen"), kind=EV_ATTEMPT_STARTED,
+    run_id=sa.bindparam("o_run"), generation=sa.bindparam("o_gen"), kind=EventKind.ATTEMPT_STARTED,
     data=sa.bindparam("o_data", type_=RunEvent.__table__.c.data.type)).cte("started_event")
 _OPEN = (
     sa.update(Run).where(Run.id == sa.bindparam("o_run"))
-    .values(current_generation=sa.bindparam("o_gen"), status=RUNNING, deferred_until=None,
+    .values(current_generation=sa.bindparam("o_gen"), status=RunStatus.RUNNING, deferred_until=None,
             updated_at=db_now())
     .add_cte(_NEW_ATTEMPT).add_cte(_STARTED_EVENT)
 )
@@ -160,7 +154,7 @@ def _open_in_one_statement(session: Session, run: Run, generation: int, token: s
         "o_worker": worker_id, "o_lease": float(lease_seconds),
         "o_data": {"generation": generation}})
     # The row changed under the ORM: keep its copy true without another UPDATE.
-    for key, value in (("current_generation", generation), ("status", RUNNING),
+    for key, value in (("current_generation", generation), ("status", RunStatus.RUNNING),
                        ("deferred_until", None)):
         set_committed_value(run, key, value)
 

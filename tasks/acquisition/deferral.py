@@ -7,6 +7,7 @@ countdown when short, or by the beat sweep when longer than any countdown we all
 
 from __future__ import annotations
 
+import enum
 import logging
 from typing import Any, Literal
 
@@ -17,15 +18,12 @@ from models import Attempt, Outbox, Run, db_now
 from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
 from tasks.admission.submit import enqueue_start
 from tasks.constants import (
-    ATTEMPT_DEFERRED,
-    ATTEMPT_ENDED,
-    CANCELLED,
-    EV_DEFERRED,
-    FAILED,
     QUEUE,
-    QUEUED,
     START_DEFERRAL_EXHAUSTED,
     TASK_START_ATTEMPT,
+    AttemptState,
+    EventKind,
+    RunStatus,
 )
 from tasks.observe import metrics
 from tasks.release.attempt import release_attempt
@@ -44,7 +42,12 @@ Cause = Literal["hold", "throttle", "provider_capacity", "provider_rate_limited"
                 "capacity", "worker_lost"]
 
 
-Verdict = Literal["deferred", "exhausted", "cancelled"]
+class Verdict(enum.StrEnum):
+    """What a deferral did with the attempt."""
+
+    DEFERRED = "deferred"  # parked for a later start
+    EXHAUSTED = "exhausted"  # the budget was spent: the run failed
+    CANCELLED = "cancelled"  # a cancel arrived first
 
 
 def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
@@ -61,7 +64,7 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
         run, attempt = hold(session, fence)
         if run.cancel_requested_at is not None:
             _end(session, run, attempt, fence, CANCELLED_OUTCOME, "cancelled")
-            verdict: Verdict = "cancelled"
+            verdict = Verdict.CANCELLED
         else:
             delay = deferral_delay_ms(run.deferral_count, base_ms=settings.deferral_base_ms,
                                       max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
@@ -73,15 +76,16 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
                            + (f" ({detail})" if detail else ""))
                 _end(session, run, attempt, fence,
                      Outcome.failed(START_DEFERRAL_EXHAUSTED, message), "deferral_exhausted")
-                verdict = "exhausted"
+                verdict = Verdict.EXHAUSTED
             else:
                 outbox_id = _park(session, run, attempt, fence, cause, delay, detail)
-                verdict = "deferred"
-    if verdict == "deferred":
+                verdict = Verdict.DEFERRED
+    if verdict is Verdict.DEFERRED:
         metrics.deferred(cause)  # committed: counted once per scheduled wait
     release_attempt(fence.run_id, fence.generation, fence.lease_token)
-    if verdict != "deferred":
-        run_settled(fence.run_id, FAILED if verdict == "exhausted" else CANCELLED)
+    if verdict is not Verdict.DEFERRED:
+        run_settled(fence.run_id,
+                    RunStatus.FAILED if verdict is Verdict.EXHAUSTED else RunStatus.CANCELLED)
     elif outbox_id is not None and delay / 1000 <= settings.max_countdown_s:
         _publish_with_countdown(app, outbox_id, fence.run_id, delay / 1000)
     return verdict
@@ -95,7 +99,7 @@ def _cancel_requested(run_id: str) -> bool:
 
 def _end(session: Session, run: Run, attempt: Attempt, fence: Fence, outcome: Outcome,
          reason: str) -> None:
-    attempt.state = ATTEMPT_ENDED
+    attempt.state = AttemptState.ENDED
     attempt.end_reason = reason
     attempt.ended_at = db_now()
     write_terminal(session, run, outcome, fence.generation)
@@ -104,14 +108,14 @@ def _end(session: Session, run: Run, attempt: Attempt, fence: Fence, outcome: Ou
 def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cause,
           delay: int, detail: str) -> str:
     """The attempt waits (same generation); the next start is an outbox row due later."""
-    attempt.state = ATTEMPT_DEFERRED
+    attempt.state = AttemptState.DEFERRED
     attempt.lease_expires_at = db_now()
-    run.status = QUEUED
+    run.status = RunStatus.QUEUED
     run.deferred_until = db_now(delay / 1000)
     run.deferral_count += 1
     run.deferral_total_ms += delay
     run.last_deferral_cause = cause
-    ledger.append(session, fence.run_id, EV_DEFERRED,
+    ledger.append(session, fence.run_id, EventKind.DEFERRED,
                   {"cause": cause, "delay_ms": delay, "detail": detail or None},
                   fence.generation)
     return enqueue_start(session, fence.run_id, delay_s=delay / 1000)

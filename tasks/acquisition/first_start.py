@@ -15,13 +15,7 @@ from typing import Any
 
 from models import new_id
 from tasks.acquisition.claim import Claimed
-from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    EV_ATTEMPT_STARTED,
-    EV_CAPACITY_OVERRUN,
-    RUNNING,
-    TERMINAL_STATUSES,
-)
+from tasks.constants import TERMINAL_STATUSES, AttemptState, EventKind, RunStatus
 from tasks.store.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
 from tasks.store.fence import Fence
 
@@ -41,10 +35,10 @@ WITH quick AS ({ASYNC_COMMIT_SQL}), claimed AS (
 ), opened AS (
     INSERT INTO attempts (id, run_id, generation, lease_token, worker_id, state,
                           lease_expires_at, events_offset, progress_count, progress_dropped)
-    SELECT %(attempt)s, id, 1, %(token)s, %(worker)s, '{ATTEMPT_ACTIVE}',
+    SELECT %(attempt)s, id, 1, %(token)s, %(worker)s, '{AttemptState.ACTIVE}',
            clock_timestamp() + make_interval(secs => %(lease_s)s), 0, 0, 0 FROM claimed
 ), moved AS (
-    UPDATE runs r SET current_generation = 1, status = '{RUNNING}', deferred_until = NULL,
+    UPDATE runs r SET current_generation = 1, status = '{RunStatus.RUNNING}', deferred_until = NULL,
         updated_at = clock_timestamp()
     FROM claimed WHERE r.id = claimed.id
 ), res AS (
@@ -55,10 +49,10 @@ WITH quick AS ({ASYNC_COMMIT_SQL}), claimed AS (
 ), events AS (
     INSERT INTO run_events (run_id, generation, kind, data)
     SELECT run_id, 1, kind, data FROM (
-        SELECT 1 AS n, id AS run_id, '{EV_ATTEMPT_STARTED}' AS kind,
+        SELECT 1 AS n, id AS run_id, '{EventKind.ATTEMPT_STARTED}' AS kind,
                '{{"generation": 1}}'::jsonb AS data FROM claimed
         UNION ALL
-        SELECT 2, %(run)s, '{EV_CAPACITY_OVERRUN}', jsonb_build_object(
+        SELECT 2, %(run)s, '{EventKind.CAPACITY_OVERRUN}', jsonb_build_object(
             'lease_id', res.lease_id, 'in_use', res.used, 'limit', res.cap)
         FROM res WHERE res.lease_id IS NOT NULL AND res.used >= res.cap
     ) AS e ORDER BY n

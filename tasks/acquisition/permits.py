@@ -71,10 +71,11 @@ def _override(policy: Policy) -> float | None:
     return policy.starts_per_minute if policy.mode == THROTTLE else None
 
 
-def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision:
+def acquire(provider: str, policy: Policy, settings: Settings,
+            published_per_min: float | None = None) -> PermitDecision:
     successes = _take(provider)
-    permit: Permit = limiter().acquire(provider, rules_for(settings, provider, _override(policy)),
-                                       observed_successes=successes)
+    rules = rules_for(settings, provider, _override(policy), published_per_min)
+    permit: Permit = limiter().acquire(provider, rules, observed_successes=successes)
     if not permit.granted or permit.degraded:
         # Only a grant in Redis applies the increase: keep the count for the next one.
         _give_back(provider, successes)
@@ -90,10 +91,10 @@ def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision
                           permit.degraded)
 
 
-def penalize(provider: str, policy: Policy, epoch: int, settings: Settings) -> bool:
-    penalty = limiter().penalize_detail(provider, rules_for(settings, provider,
-                                                            _override(policy)),
-                                        epoch, settings.start_rate_cooldown_ms)
+def penalize(provider: str, policy: Policy, epoch: int, settings: Settings,
+             published_per_min: float | None = None) -> bool:
+    rules = rules_for(settings, provider, _override(policy), published_per_min)
+    penalty = limiter().penalize_detail(provider, rules, epoch, settings.start_rate_cooldown_ms)
     starthistory.record_penalty(provider, penalty)
     if penalty.applied:  # other workers reporting the same epoch's pushback change nothing
         metrics.penalty(provider)

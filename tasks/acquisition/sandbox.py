@@ -21,8 +21,6 @@ from sqlalchemy.orm import Session
 from models import Attempt, Run, RuntimeResource, db_now, new_id
 from tasks.acquisition.claim import Claimed
 from tasks.constants import (
-    EV_SANDBOX_LIVE,
-    EV_SANDBOX_REQUESTED,
     INPUT_FILE,
     LABEL_FLEET,
     LABEL_GENERATION,
@@ -31,12 +29,12 @@ from tasks.constants import (
     LABEL_ORG,
     LABEL_RUN,
     PLAY_FILE,
-    RESOURCE_CLEANUP,
-    RESOURCE_LIVE,
     RUNNER_CLIENT_FILE,
     RUNNER_FILE,
     RUNNER_SHEETS_FILE,
     RUNNER_STEPS_FILE,
+    EventKind,
+    SandboxState,
 )
 from tasks.errors import FenceLostError
 from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec
@@ -107,13 +105,13 @@ def note_requested(fence: Fence, provider: str) -> None:
     """The permit is granted and the provider is asked (not durable: see start.py)."""
     data = {"provider": provider}
     if get_settings().is_postgres:
-        if not append_if_current(fence, EV_SANDBOX_REQUESTED, data):
+        if not append_if_current(fence, EventKind.SANDBOX_REQUESTED, data):
             raise FenceLostError(f"attempt {fence.generation} of run {fence.run_id} is "
                                  f"not current")
         return
     with session_scope(durable=False) as session:
         hold(session, fence)
-        ledger.append(session, fence.run_id, EV_SANDBOX_REQUESTED, data, fence.generation)
+        ledger.append(session, fence.run_id, EventKind.SANDBOX_REQUESTED, data, fence.generation)
 
 
 def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
@@ -147,7 +145,7 @@ def record_live_in(session: Session, fence: Fence, ref: SandboxRef,
             RuntimeResource.sandbox_id == ref.sandbox_id)).first()
         if known is None or not (known.run_id == fence.run_id
                                  and known.generation == fence.generation
-                                 and known.state == RESOURCE_LIVE):
+                                 and known.state == SandboxState.LIVE):
             raise FenceLostError(f"sandbox {ref.sandbox_id} is recorded "
                                  f"{'gone' if known is None else known.state} "
                                  "for another attempt")
@@ -160,7 +158,7 @@ def record_live_in(session: Session, fence: Fence, ref: SandboxRef,
     attempt.host_queue = host_queue(ref.provider)
     if promote is not None:
         promote(session, ref)
-    ledger.append(session, fence.run_id, EV_SANDBOX_LIVE,
+    ledger.append(session, fence.run_id, EventKind.SANDBOX_LIVE,
                   {"sandbox_id": ref.sandbox_id, "provider": ref.provider},
                   fence.generation)
     return held
@@ -172,7 +170,7 @@ def _insert_live(session: Session, fence: Fence, ref: SandboxRef) -> bool:
     insert = pg_insert if is_postgres(session) else sqlite_insert
     stmt = insert(RuntimeResource).values(
         id=new_id(), run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
-        sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_LIVE,
+        sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=SandboxState.LIVE,
         holder_token=fence.lease_token,
     ).on_conflict_do_nothing(index_elements=["provider", "sandbox_id"])
     return session.execute(stmt.returning(RuntimeResource.id)).first() is not None
@@ -187,7 +185,7 @@ def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:
             return  # already on record; GC judges it by its owner
         session.add(RuntimeResource(
             run_id=fence.run_id, generation=fence.generation, provider=ref.provider,
-            sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=RESOURCE_CLEANUP,
+            sandbox_id=ref.sandbox_id, labels=dict(ref.labels), state=SandboxState.CLEANUP,
             holder_token=fence.lease_token, last_error=why, updated_at=db_now(),
         ))
 

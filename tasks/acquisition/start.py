@@ -61,6 +61,7 @@ class Opened:
     policy: traffic.Policy
     lease_id: str | None = None  # the capacity reservation, unless held or full
     full: CapacityExceededError | None = None  # the org was full (enforce mode)
+    provider_full: bool = False  # PLAYRUN_PROVIDER_MAX_LIVE sandboxes are live already
 
 
 # Transactions before launch commit without waiting for the WAL flush (durable=False): a
@@ -76,7 +77,8 @@ def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
     transaction that claims, reads the policy (unless read already) and reserves.
     """
     policy: traffic.Policy | None = None
-    if settings.is_postgres:
+    # A provider pool is a second lease: the one-statement first start takes only one.
+    if settings.is_postgres and settings.provider_max_live is None:
         with driver_cursor() as cur:
             policy = traffic.current_pg(cur)
         opened = _first_start(run_id, settings, policy)
@@ -97,6 +99,10 @@ def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
             reservation = capacity.reserve(session, claimed.fence, claimed.org_id, settings)
         except CapacityExceededError as exc:
             return Opened(claimed, policy, full=exc)
+        if settings.provider_max_live is not None and capacity.reserve_pool(
+                session, claimed.fence, settings.sandbox_provider, settings.provider_max_live,
+                settings, reservation.lease_id) is None:
+            return Opened(claimed, policy, provider_full=True)
         return Opened(claimed, policy, reservation.lease_id)
 
 
@@ -137,9 +143,15 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
             return _DEFERRED
         return Acquired(Step.FAILED, code=exc.code, error=f"{exc.code}: {exc.message}",
                         reason="capacity")
+    if opened.provider_full:  # never a play failure: the provider's slots come back
+        defer(fence, "provider_capacity", settings, app,
+              detail=f"{settings.provider_max_live} {provider.name} sandboxes live "
+                     "(PLAYRUN_PROVIDER_MAX_LIVE)")
+        return _DEFERRED
     lease_id = opened.lease_id
     assert lease_id is not None  # open_attempt reserved it: not held, not full
-    decision = permits.acquire(provider.name, policy, settings)
+    published = getattr(provider, "create_rate_per_min", None)
+    decision = permits.acquire(provider.name, policy, settings, published)
     if not decision.granted:
         defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
               detail=f"start rate {decision.rate:g}/min")
@@ -152,7 +164,7 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
             return Acquired(Step.FAILED, code=SANDBOX_START_FAILED, error=str(exc),
                             reason="start_failed")
         if cause != "transport":
-            permits.penalize(provider.name, policy, decision.epoch, settings)
+            permits.penalize(provider.name, policy, decision.epoch, settings, published)
         # The server's own Retry-After is a floor: asking sooner only earns another refusal.
         floor_ms = int(min(exc.retry_after_s or 0.0, settings.deferral_max_ms / 1000) * 1000)
         defer(fence, cause, settings, app, detail=str(exc)[:200],  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from models import Run
 from tasks.admission.submit import Admitted, enqueue_start
-from tasks.constants import EV_ADMITTED, QUEUED
+from tasks.constants import EventKind, RunStatus
 from tasks.errors import RunNotFoundError
 from tasks.observe import metrics
 from tasks.parse.checks import check_idempotency_key, check_run_id
@@ -33,11 +33,11 @@ def admit_again(run_id: str, idempotency_key: str | None) -> Admitted:
                 if found is not None:
                     return Admitted(found, created=False, outbox_id=None)
             run = Run(org_id=old.org_id, play_path=old.play_path, play_digest=old.play_digest,
-                      idempotency_key=idempotency_key, input=old.input, status=QUEUED,
+                      idempotency_key=idempotency_key, input=old.input, status=RunStatus.QUEUED,
                       current_generation=0, deferral_count=0, deferral_total_ms=0)
             session.add(run)
             session.flush()
-            ledger.append(session, run.id, EV_ADMITTED,
+            ledger.append(session, run.id, EventKind.ADMITTED,
                           {"play_digest": old.play_digest, "idempotency_key": idempotency_key,
                            "play_path": old.play_path, "again_of": run_id})
             after_commit(session, metrics.run_admitted)

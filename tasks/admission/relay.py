@@ -22,7 +22,7 @@ from models import Outbox, Run, db_now
 from tasks.admission.broker import Message, oldest_waiting, send_tasks
 
 __all__ = ["Message", "publish", "publish_admitted", "publish_due", "resend_stale"]
-from tasks.constants import QUEUED
+from tasks.constants import RunStatus
 from tasks.store.db import is_postgres, session_scope
 
 log = logging.getLogger("playrun.relay")
@@ -103,7 +103,7 @@ def resend_stale(app: Any, *, after_s: float, limit: int = 200) -> int:
         sa.select(Outbox.id)
         .join(Run, Run.id == Outbox.run_id)
         .where(
-            Run.status == QUEUED,
+            Run.status == RunStatus.QUEUED,
             Outbox.sent_at.is_not(None),
             Outbox.sent_at < db_now(-backoff),
             # Only the newest row of a run matters; older ones were for earlier deferrals.

@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from models import Outbox, PlayBundle, Run, RunEvent, db_now, new_id
 from tasks.admission.validate import PlaySource
-from tasks.constants import EV_ADMITTED, QUEUED, TASK_START_ATTEMPT
+from tasks.constants import TASK_START_ATTEMPT, EventKind, RunStatus
 
 
 @dataclass(frozen=True)
@@ -75,13 +75,13 @@ WITH items AS (
 ), inserted AS (
     INSERT INTO runs (id, org_id, play_path, play_digest, idempotency_key, input, status,
                       current_generation, deferral_count, deferral_total_ms)
-    SELECT id, org_id, play_path, play_digest, idempotency_key, input, '{QUEUED}', 0, 0, 0
+    SELECT id, org_id, play_path, play_digest, idempotency_key, input, '{RunStatus.QUEUED}', 0, 0, 0
     FROM items
     ON CONFLICT (org_id, idempotency_key) DO NOTHING
     RETURNING id
 ), events AS (
     INSERT INTO run_events (run_id, kind, data)
-    SELECT items.id, '{EV_ADMITTED}', items.event FROM items JOIN inserted USING (id)
+    SELECT items.id, '{EventKind.ADMITTED}', items.event FROM items JOIN inserted USING (id)
 ), outbox_rows AS (
     INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count)
     SELECT items.outbox_id, items.id, '{TASK_START_ATTEMPT}', jsonb_build_array(items.id),
@@ -104,13 +104,13 @@ _PG_WRITE_ONE = f"""
 WITH inserted AS (
     INSERT INTO runs (id, org_id, play_path, play_digest, idempotency_key, input, status,
                       current_generation, deferral_count, deferral_total_ms)
-    VALUES (%(id)s, %(org)s, %(path)s, %(digest)s, %(key)s, %(input)s::jsonb, '{QUEUED}',
+    VALUES (%(id)s, %(org)s, %(path)s, %(digest)s, %(key)s, %(input)s::jsonb, '{RunStatus.QUEUED}',
             0, 0, 0)
     ON CONFLICT (org_id, idempotency_key) DO NOTHING
     RETURNING id{{bundle}}
 ), events AS (
     INSERT INTO run_events (run_id, kind, data)
-    SELECT id, '{EV_ADMITTED}', %(event)s::jsonb FROM inserted
+    SELECT id, '{EventKind.ADMITTED}', %(event)s::jsonb FROM inserted
 ), outbox_rows AS (
     INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count)
     SELECT %(outbox)s, id, '{TASK_START_ATTEMPT}', jsonb_build_array(id),
@@ -175,7 +175,7 @@ def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
     inserted: set[str] = set()
     rows = [{"id": run_id, "org_id": item.org_id, "play_path": item.play.path,
              "play_digest": item.play.digest, "idempotency_key": item.idempotency_key,
-             "input": item.input, "status": QUEUED, "current_generation": 0,
+             "input": item.input, "status": RunStatus.QUEUED, "current_generation": 0,
              "deferral_count": 0, "deferral_total_ms": 0}
             for item, run_id in zip(items, ids, strict=True)]
     for start in range(0, len(rows), _SQLITE_CHUNK):
@@ -189,7 +189,7 @@ def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
            if run_id in inserted]
     if new:
         conn.execute(sa.insert(RunEvent), [
-            {"run_id": run_id, "kind": EV_ADMITTED, "data": _event_data(item)}
+            {"run_id": run_id, "kind": EventKind.ADMITTED, "data": _event_data(item)}
             for item, run_id, _ in new])
         conn.execute(sa.insert(Outbox).values(sent_at=db_now() if handed_off else None), [
             {"id": outbox_id, "run_id": run_id, "task_name": TASK_START_ATTEMPT,

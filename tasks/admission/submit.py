@@ -34,6 +34,16 @@ _ITEM_KEYS = frozenset({"play", "input", "org_id", "idempotency_key"})
 
 
 @dataclass(frozen=True)
+class RunRequest:
+    """One run for submit_runs: submit_run's arguments, checked only when submitted."""
+
+    play: str | Path
+    org_id: str
+    input: Any = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
 class Admitted:
     run_id: str
     created: bool
@@ -67,8 +77,10 @@ def _check(play: Any, input: Any, org_id: Any, idempotency_key: Any,
 
 def _check_item(index: int, item: Any, plays: dict[Any, PlaySource]) -> rows.NewRun:
     try:
+        if isinstance(item, RunRequest):
+            return _check(item.play, item.input, item.org_id, item.idempotency_key, plays)
         if not isinstance(item, Mapping):
-            raise InputInvalidError(f"must be a dict, not {type(item).__name__}")
+            raise InputInvalidError(f"must be a RunRequest or a dict, not {type(item).__name__}")
         unknown = [k for k in item if k not in _ITEM_KEYS]
         if unknown:
             raise InputInvalidError(f"unknown field {str(unknown[0])[:60]!r}; "
@@ -87,7 +99,8 @@ def _check_item(index: int, item: Any, plays: dict[Any, PlaySource]) -> rows.New
 def check_items(items: Any) -> list[rows.NewRun]:
     """Every item checked before any is written (a bad one refuses the batch)."""
     if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
-        raise InputInvalidError(f"submit_runs takes a list of dicts, not {type(items).__name__}")
+        raise InputInvalidError(
+            f"submit_runs takes a list of RunRequests or dicts, not {type(items).__name__}")
     if len(items) > MAX_SUBMIT_BATCH:
         raise InputInvalidError(f"submit_runs got {len(items)} items; "
                                 f"the limit is {MAX_SUBMIT_BATCH} per call")

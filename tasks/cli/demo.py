@@ -13,7 +13,7 @@ from rich.console import Console
 from tasks.cli.embedded import Stack
 from tasks.cli.output import console as plain_console
 from tasks.cli.output import event_line, live_status
-from tasks.constants import EV_CAPACITY_RELEASED
+from tasks.constants import EventKind, RunStatus
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plays" / "hello.py"
 
@@ -46,10 +46,10 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
                                   idempotency_key=f"demo-{time.time_ns()}")
         console.print(f"[bold]run[/bold] {handle.id} submitted ({play.name})")
         view = _follow(console, handle.id, timeout)
-        style = "green" if view.status == "succeeded" else "red"
+        style = "green" if view.status == RunStatus.SUCCEEDED else "red"
         console.print(f"[bold {style}]{view.status}[/bold {style}] output={view.output!r}"
                       + (f" code={view.code} error={view.error}" if view.code else ""))
-        return 0 if view.status == "succeeded" else 1
+        return 0 if view.status == RunStatus.SUCCEEDED else 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; stopping what the demo started[/yellow]")
         return 130
@@ -82,7 +82,7 @@ def _follow(console: Console, run_id: str, timeout: float) -> Any:
             status.update(f"run {run_id}: {view.status}, {events[-1].kind if events else ''} "
                           f"({time.monotonic() - started:.1f} s)")
             if view.finished_at is not None:
-                if any(e.kind == EV_CAPACITY_RELEASED for e in events):
+                if any(e.kind == EventKind.CAPACITY_RELEASED for e in events):
                     break
                 released_by = released_by or time.monotonic() + RELEASE_WAIT_S
                 if time.monotonic() > released_by:

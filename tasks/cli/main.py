@@ -16,7 +16,14 @@ from tasks.admission.validate import parse_input_text
 from tasks.cli.output import as_coded, timeline
 from tasks.cli.output import console as plain_console
 from tasks.cli.output import view_dict as _view_dict
-from tasks.constants import MAX_DURATION_S, MAX_STATS_WINDOW_S
+from tasks.cli.providers import providers_app
+from tasks.constants import (
+    MAX_DURATION_S,
+    MAX_STATS_WINDOW_S,
+    ReceiptState,
+    RunStatus,
+    SheetRowStatus,
+)
 from tasks.errors import InputInvalidError, PlayrunError, PolicyInvalidError
 from tasks.parse.checks import (
     check_org_id,
@@ -68,6 +75,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(capacity_app, name="capacity")
 app.add_typer(receipts_app, name="receipts")
 app.add_typer(sheet_app, name="sheet")
+app.add_typer(providers_app, name="providers")
 console = Console()
 
 
@@ -145,7 +153,7 @@ def submit(play: Path, input: Annotated[str, typer.Option("--input")] = "{}",
     result = cli_submit.wait(handle, wait_s)
     print(json.dumps({"id": handle.id, "status": result.status, "output": result.output,
                       "code": result.code, "error": result.error}, indent=2))
-    raise typer.Exit(0 if result.status == "succeeded" else 1)
+    raise typer.Exit(0 if result.status == RunStatus.SUCCEEDED else 1)
 
 
 @app.command()
@@ -284,7 +292,7 @@ def receipts_show(org: Annotated[str, typer.Option("--org")],
     table = Table("play", "key", "status", "run", "created", "completed", "expires", "output")
     found = tasks.receipts(org, play, limit=limit)
     for r in found:
-        output = json.dumps(r.output, default=str) if r.status == "completed" else (
+        output = json.dumps(r.output, default=str) if r.status == ReceiptState.COMPLETED else (
             f"{r.code}: {r.error}" if r.code else "")
         table.add_row(r.play, r.key, r.status, f"{r.run_id}/{r.generation}",
                       f"{r.created_at:%Y-%m-%d %H:%M:%S}",
@@ -363,7 +371,7 @@ def sheet_show(table: str, org: Annotated[str, typer.Option("--org")],
     if rows:
         listing = Table("key", "status", "version", "result / error")
         for row in islice(iter_sheet_rows(org, play, table), rows):
-            shown = row.error if row.status == "failed" else json.dumps(row.result)
+            shown = row.error if row.status == SheetRowStatus.FAILED else json.dumps(row.result)
             listing.add_row(row.key, row.status, str(row.write_version), (shown or "")[:80])
         console.print(listing)
 

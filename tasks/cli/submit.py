@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.cli.output import console, live_status, redact_url
-from tasks.constants import CLI_BROKER_TIMEOUT_S, CLI_NO_WORKER_HINT_S, EV_ATTEMPT_STARTED
+from tasks.constants import CLI_BROKER_TIMEOUT_S, CLI_NO_WORKER_HINT_S, EventKind
 from tasks.errors import BrokerUnavailableError, RunWaitTimeoutError
 
 # Each check for news waits at most this long for the run's Redis notification.
@@ -72,7 +72,7 @@ def wait(handle: Any, timeout_s: float) -> Any:
             status.update(f"run {handle.id}: {events[-1].kind if events else 'submitted'} "
                           f"({len(events)} events, {elapsed:.0f} s)")
             if not hinted and elapsed >= CLI_NO_WORKER_HINT_S and \
-                    not any(e.kind == EV_ATTEMPT_STARTED for e in events):
+                    not any(e.kind == EventKind.ATTEMPT_STARTED for e in events):
                 hinted = True
                 err.print(f"no worker has started run {handle.id} after {elapsed:.0f} s: is "
                           f"`celery -A tasks worker` running on "

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tasks
-from tasks.constants import DASHBOARD_REFRESH_S, DASHBOARD_RUNS_PAGE, RUN_STATUSES
+from tasks.constants import DASHBOARD_REFRESH_S, DASHBOARD_RUNS_PAGE, RunStatus
 from tasks.dashboard.auth import COOKIE, SESSION_MAX_AGE_S, Access, Principal
 from tasks.dashboard.fleet import fleet
 from tasks.dashboard.runpage import failure_class, run_page
@@ -184,7 +184,7 @@ class Dashboard:
             older = "/runs?" + urlencode({**{k: v for k, v in shown.items() if v},
                                           "before": tasks.run_cursor(listed[-1])})
         return self.page("runs.html", who=who, runs=listed, filters=shown,
-                         statuses=RUN_STATUSES, older=older, paged="before" in q,
+                         statuses=tuple(RunStatus), older=older, paged="before" in q,
                          refresh=None if "before" in q else DASHBOARD_REFRESH_S)
 
     async def run(self, request: Request, who: Principal) -> Response:

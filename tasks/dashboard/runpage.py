@@ -27,15 +27,8 @@ from models import (
     db_now,
 )
 from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    ATTEMPT_DEFERRED,
     CANCELLED_CODE,
     DASHBOARD_EVENTS_PAGE,
-    EV_PROGRESS,
-    EV_STEP_COMPLETED,
-    EV_STEP_FAILED,
-    EV_STEP_REUSED,
-    EV_STEP_TAKEN_OVER,
     INPUT_INVALID,
     OUTPUT_INVALID,
     PLAY_ERROR,
@@ -48,6 +41,8 @@ from tasks.constants import (
     SANDBOX_START_FAILED,
     START_DEFERRAL_EXHAUSTED,
     STEP_CODES,
+    AttemptState,
+    EventKind,
 )
 from tasks.errors import RunNotFoundError
 from tasks.parse.checks import check_run_id
@@ -210,7 +205,7 @@ def event_page(session: Session, run_id: str, after: int | None, tail: bool,
 def _attempt_failure(run: Run, a: Attempt) -> FailureClass | None:
     """The run's code belongs to its last attempt; an earlier one ended with its own reason
     (a code, or a word such as `pushed` or `deferred`)."""
-    if a.generation == run.current_generation and a.state != ATTEMPT_ACTIVE and run.code:
+    if a.generation == run.current_generation and a.state != AttemptState.ACTIVE and run.code:
         return failure_class(run.code)
     reason = a.end_reason or ""
     return failure_class(reason) if reason.isupper() else None
@@ -224,11 +219,11 @@ def _attempts(session: Session, run: Run, now: datetime) -> list[AttemptPanel]:
         timeline = [_event(e) for e in session.scalars(
             sa.select(RunEvent).where(RunEvent.run_id == run.id,
                                       RunEvent.generation == a.generation,
-                                      RunEvent.kind != EV_PROGRESS)
+                                      RunEvent.kind != EventKind.PROGRESS)
             .order_by(RunEvent.id).limit(MAX_TIMELINE))]
         seen = a.last_heartbeat_at or a.runner_started_at
-        launched_active = a.runner_started_at is not None and a.state == ATTEMPT_ACTIVE
-        deferred = a.state == ATTEMPT_DEFERRED
+        launched_active = a.runner_started_at is not None and a.state == AttemptState.ACTIVE
+        deferred = a.state == AttemptState.DEFERRED
         panels.append(AttemptPanel(
             a.generation, a.state, a.worker_id, a.provider, a.sandbox_id, a.started_at,
             a.ended_at, a.end_reason,
@@ -245,16 +240,17 @@ def _steps(session: Session, run_id: str) -> StepSummary:
     counts = dict(session.execute(
         sa.select(RunEvent.kind, sa.func.count()).where(
             RunEvent.run_id == run_id,
-            RunEvent.kind.in_([EV_STEP_REUSED, EV_STEP_COMPLETED, EV_STEP_FAILED,
-                               EV_STEP_TAKEN_OVER]))
+            RunEvent.kind.in_([EventKind.STEP_REUSED, EventKind.STEP_COMPLETED,
+                               EventKind.STEP_FAILED, EventKind.STEP_TAKEN_OVER]))
         .group_by(RunEvent.kind)).all())
     receipts = [(clip(r.step_key, 200), r.status, clip(r.output, 200) if r.output is not None
                  else (r.code or "")) for r in session.scalars(
         sa.select(WorkReceipt).where(WorkReceipt.owner_run_id == run_id)
         .order_by(WorkReceipt.step_key).limit(MAX_ROWS))]
-    return StepSummary(int(counts.get(EV_STEP_REUSED, 0)), int(counts.get(EV_STEP_COMPLETED, 0)),
-                       int(counts.get(EV_STEP_FAILED, 0)),
-                       int(counts.get(EV_STEP_TAKEN_OVER, 0)), receipts)
+    return StepSummary(int(counts.get(EventKind.STEP_REUSED, 0)),
+                       int(counts.get(EventKind.STEP_COMPLETED, 0)),
+                       int(counts.get(EventKind.STEP_FAILED, 0)),
+                       int(counts.get(EventKind.STEP_TAKEN_OVER, 0)), receipts)
 
 
 def _sheets(session: Session, run_id: str) -> list[SheetPanel]:

@@ -73,7 +73,7 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
     not mint tokens the gateway thinks not yet valid, or expired). With `sandbox`, the same
     transaction first records it live and promotes its capacity lease `lease_id`."""
     launch_id = secrets.token_hex(16)
-    if sandbox is not None and settings.is_postgres:
+    if sandbox is not None and settings.is_postgres and settings.provider_max_live is None:
         done, mark = _record_fast(fence, settings, sandbox, lease_id, launch_id)
         if done:
             return mark
@@ -81,6 +81,8 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
     def promote(session: Session, ref: SandboxRef) -> None:
         if lease_id is not None:
             capacity.promote(session, fence, lease_id, ref.provider, ref.sandbox_id)
+            if settings.provider_max_live is not None:
+                capacity.promote_pool(session, fence, ref.provider, ref.sandbox_id)
 
     try:
         with session_scope() as session:

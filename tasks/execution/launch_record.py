@@ -17,20 +17,14 @@ from typing import Any
 import psycopg
 
 from models import new_id
-from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    EV_SANDBOX_LIVE,
-    LEASE_LIVE,
-    LEASE_RESERVED,
-    RESOURCE_LIVE,
-)
+from tasks.constants import AttemptState, EventKind, LeaseState, SandboxState
 from tasks.sandbox import SandboxRef
 from tasks.store.db import one_row
 from tasks.store.fence import Fence, fence_params, held_sql
 
 _LEASE_JOIN = f"""
     JOIN capacity_leases l ON l.id = %(lease)s AND l.run_id = r.id
-      AND l.generation = r.current_generation AND l.state = '{LEASE_RESERVED}'"""
+      AND l.generation = r.current_generation AND l.state = '{LeaseState.RESERVED}'"""
 
 # held: the run, its attempt (and the reserved lease), locked; live: the sandbox's
 # record unless one exists (then nothing below writes); moved: the lease goes live;
@@ -62,7 +56,7 @@ SELECT (SELECT count(*) FROM live), (SELECT count(*) FROM marked),
 """
 
 _MOVED = f"""
-    UPDATE capacity_leases l SET state = '{LEASE_LIVE}', provider = %(provider)s,
+    UPDATE capacity_leases l SET state = '{LeaseState.LIVE}', provider = %(provider)s,
         sandbox_id = %(sandbox)s, live_at = clock_timestamp(), expires_at = NULL
     FROM live WHERE l.id = %(lease)s AND l.run_id = live.run_id
     RETURNING l.id"""
@@ -72,8 +66,8 @@ def _statement(with_lease: bool) -> str:
     held = held_sql("r.id, r.cancel_requested_at, r.created_at",
                     _LEASE_JOIN if with_lease else "", "r, a, l" if with_lease else "r, a")
     moved = _MOVED if with_lease else "SELECT 1"
-    return _SQL.format(held=held, moved=moved, live=RESOURCE_LIVE, event=EV_SANDBOX_LIVE,
-                       active=ATTEMPT_ACTIVE)
+    return _SQL.format(held=held, moved=moved, live=SandboxState.LIVE, event=EventKind.SANDBOX_LIVE,
+                       active=AttemptState.ACTIVE)
 
 
 _STATEMENTS = {True: _statement(True), False: _statement(False)}

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
-from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
+from tasks.constants import TERMINAL_STATUSES, AttemptState
 from tasks.store.db import session_scope
 from tasks.store.fence import LaunchFence
 
@@ -54,7 +54,7 @@ def answer_beats(session: Session, fences: Sequence[LaunchFence],
                   sa.func.coalesce(Attempt.runner_deadline < db_now(), False))
         .join(Run, Run.id == Attempt.run_id)
         .where(sa.tuple_(Attempt.run_id, Attempt.generation).in_(keys),
-               Attempt.state == ATTEMPT_ACTIVE, Attempt.generation == Run.current_generation)
+               Attempt.state == AttemptState.ACTIVE, Attempt.generation == Run.current_generation)
     ).all()
     live: dict[LaunchFence, tuple[bool, bool]] = {}
     for run_id, generation, launch_id, status, cancel, past in rows:
@@ -71,7 +71,7 @@ def answer_beats(session: Session, fences: Sequence[LaunchFence],
             sa.update(Attempt)
             .where(sa.tuple_(Attempt.run_id, Attempt.generation, Attempt.launch_id)
                    .in_([(f.run_id, f.generation, f.launch_id) for f in renew]),
-                   Attempt.state == ATTEMPT_ACTIVE, Attempt.generation == current,
+                   Attempt.state == AttemptState.ACTIVE, Attempt.generation == current,
                    Attempt.lease_expires_at < db_now(timeout_s - renew_every(timeout_s)))
             .values(lease_expires_at=db_now(timeout_s), last_heartbeat_at=db_now(),
                     unreachable_at=None)

@@ -15,15 +15,14 @@ import sqlalchemy as sa
 
 from models import Attempt, Run, RuntimeResource, db_now
 from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    EV_SANDBOX_DELETED,
     LABEL_FLEET,
     LABEL_GENERATION,
     LABEL_MANAGED,
     LABEL_RUN,
-    RESOURCE_DELETED,
-    RESOURCE_LIVE,
     TERMINAL_STATUSES,
+    AttemptState,
+    EventKind,
+    SandboxState,
 )
 from tasks.sandbox import SandboxProvider, SandboxRef
 from tasks.store import ledger
@@ -58,7 +57,7 @@ def verdict(ref: SandboxRef) -> str | None:
             return f"run is {run.status}"
         attempt = session.scalars(sa.select(Attempt).where(
             Attempt.run_id == run.id, Attempt.generation == generation)).first()
-        if (attempt is None or attempt.state != ATTEMPT_ACTIVE
+        if (attempt is None or attempt.state != AttemptState.ACTIVE
                 or generation != run.current_generation):
             return "attempt is fenced out"
         record = session.scalars(sa.select(RuntimeResource).where(
@@ -66,7 +65,7 @@ def verdict(ref: SandboxRef) -> str | None:
             RuntimeResource.sandbox_id == ref.sandbox_id)).first()
         if record is None:
             return "no record owns it"
-        if record.state != RESOURCE_LIVE:
+        if record.state != SandboxState.LIVE:
             return f"recorded as {record.state}"
         return None
 
@@ -81,11 +80,11 @@ def _mark_deleted(provider: str, sandbox_id: str) -> None:
         lock_run(session, owner)  # run row first, as every writer does: no deadlock
         rows = session.execute(sa.update(RuntimeResource).where(
             RuntimeResource.provider == provider, RuntimeResource.sandbox_id == sandbox_id,
-            RuntimeResource.state != RESOURCE_DELETED,
-        ).values(state=RESOURCE_DELETED, deleted_at=db_now(), updated_at=db_now())
+            RuntimeResource.state != SandboxState.DELETED,
+        ).values(state=SandboxState.DELETED, deleted_at=db_now(), updated_at=db_now())
             .returning(RuntimeResource.run_id, RuntimeResource.generation)).all()
         for run_id, generation in rows:
-            ledger.append(session, run_id, EV_SANDBOX_DELETED,
+            ledger.append(session, run_id, EventKind.SANDBOX_DELETED,
                           {"sandbox_id": sandbox_id, "by": "gc"}, generation)
 
 

@@ -19,16 +19,16 @@ from tasks.acquisition.capacity import HELD, RELEASED, RESERVED
 from tasks.acquisition.deferral import defer
 from tasks.broker.app import send
 from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    EV_CAPACITY_RELEASED,
     QUEUE,
     RELEASE_QUEUE,
-    RESOURCE_DELETED,
     RUNTIME_RUNNER_LOST,
     TASK_CANCEL_ATTEMPT,
     TASK_INSPECT_ATTEMPT,
     TASK_RELEASE_ATTEMPT,
     TERMINAL_STATUSES,
+    AttemptState,
+    EventKind,
+    SandboxState,
 )
 from tasks.maintenance.trouble import note_failure
 from tasks.release.attempt import release_attempt
@@ -83,7 +83,7 @@ def expire_reservations(limit: int = BATCH) -> int:
                 .returning(CapacityLease.generation)
             ).first()
             if row is not None:
-                ledger.append(session, run_id, EV_CAPACITY_RELEASED,
+                ledger.append(session, run_id, EventKind.CAPACITY_RELEASED,
                               {"lease_id": lease_id, "reason": "reservation expired"}, row[0])
                 expired += 1
     return expired
@@ -105,7 +105,7 @@ def _adopt(run_id: str, settings: Settings) -> Adopted | None:
             return None
         attempt = session.scalars(sa.select(Attempt).where(
             Attempt.run_id == run_id, Attempt.generation == run.current_generation,
-            Attempt.state == ATTEMPT_ACTIVE, Attempt.lease_expires_at < db_now())).first()
+            Attempt.state == AttemptState.ACTIVE, Attempt.lease_expires_at < db_now())).first()
         if attempt is None:
             return None
         old, new = attempt.lease_token, secrets.token_hex(16)
@@ -155,7 +155,8 @@ def resend_cancels(settings: Settings) -> int:
     with session_scope(readonly=True) as session:
         rows = session.execute(
             sa.select(Attempt.run_id, Attempt.host_queue).join(Run, Run.id == Attempt.run_id)
-            .where(Attempt.state == ATTEMPT_ACTIVE, Attempt.generation == Run.current_generation,
+            .where(Attempt.state == AttemptState.ACTIVE,
+                   Attempt.generation == Run.current_generation,
                    Attempt.runner_started_at.is_not(None),
                    # Implied by the active attempt; lets the run's status index drive.
                    Run.status.not_in(TERMINAL_STATUSES),
@@ -170,7 +171,7 @@ def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
     with session_scope(readonly=True) as session:
         run_ids = list(session.scalars(
             sa.select(Attempt.run_id).join(Run, Run.id == Attempt.run_id).where(
-                Attempt.state == ATTEMPT_ACTIVE, Attempt.lease_expires_at < db_now(),
+                Attempt.state == AttemptState.ACTIVE, Attempt.lease_expires_at < db_now(),
                 Attempt.generation == Run.current_generation).limit(BATCH)))
     for run_id in run_ids:
         try:
@@ -187,10 +188,10 @@ def retry_releases(report: ReapReport, grace_s: float = 0.0, limit: int = BATCH)
     at a time, once their attempt ended `grace_s` ago (its own release task is usually
     still on its way before that)."""
     current = sa.select(Attempt.run_id, Attempt.generation, Attempt.lease_token).where(
-        Attempt.state == ATTEMPT_ACTIVE)
+        Attempt.state == AttemptState.ACTIVE)
     found: set[tuple[str, int, str]] = set()
     with session_scope(readonly=True) as session:
-        for model, held in ((RuntimeResource, RuntimeResource.state != RESOURCE_DELETED),
+        for model, held in ((RuntimeResource, RuntimeResource.state != SandboxState.DELETED),
                             (CapacityLease, CapacityLease.state.in_(HELD))):
             holder = sa.func.coalesce(model.holder_token, "")
             settled_a_while = sa.or_(Attempt.ended_at.is_(None),

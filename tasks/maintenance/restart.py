@@ -18,7 +18,7 @@ import logging
 import sqlalchemy as sa
 
 from models import Attempt, db_now
-from tasks.constants import ATTEMPT_ACTIVE
+from tasks.constants import AttemptState
 from tasks.execution.inspect import poll
 from tasks.sandbox import ProviderError
 from tasks.sandbox.runtime import host_queue, provider
@@ -42,7 +42,7 @@ def _end(run_id: str, *conditions: sa.ColumnElement[bool]) -> bool:
     with session_scope() as session:
         lock_run(session, run_id)  # the run row first, as every writer takes them
         changed = session.execute(
-            sa.update(Attempt).where(Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE,
+            sa.update(Attempt).where(Attempt.run_id == run_id, Attempt.state == AttemptState.ACTIVE,
                                      Attempt.lease_expires_at > db_now(), *conditions)
             .values(lease_expires_at=db_now())).rowcount  # type: ignore[attr-defined]
     return bool(changed)
@@ -55,7 +55,7 @@ def end_previous_leases(node: str, limit: int = BATCH) -> list[str]:
     owned = _owned(node)
     with session_scope(readonly=True) as session:
         run_ids = list(session.scalars(
-            sa.select(Attempt.run_id).where(owned, Attempt.state == ATTEMPT_ACTIVE,
+            sa.select(Attempt.run_id).where(owned, Attempt.state == AttemptState.ACTIVE,
                                             Attempt.runner_started_at.is_(None))
             .limit(limit)))
     ended = [run_id for run_id in run_ids
@@ -71,7 +71,8 @@ def _never_started(node: str, limit: int) -> list[str]:
         rows = session.execute(
             sa.select(Attempt.run_id, Attempt.launch_id, Attempt.provider, Attempt.sandbox_id,
                       Attempt.host_queue)
-            .where(owned, Attempt.state == ATTEMPT_ACTIVE, Attempt.runner_started_at.is_not(None),
+            .where(owned, Attempt.state == AttemptState.ACTIVE,
+                   Attempt.runner_started_at.is_not(None),
                    Attempt.last_heartbeat_at.is_(None), Attempt.sandbox_id.is_not(None))
             .limit(limit)).all()
     ended = []

@@ -14,12 +14,7 @@ import sqlalchemy as sa
 
 from models import CapacityLease, Run, RunEvent, db_now
 from tasks.acquisition.capacity import HELD
-from tasks.constants import (
-    EV_CAPACITY_OVERRUN,
-    EV_DEFERRED,
-    EV_SANDBOX_REQUESTED,
-    TERMINAL_EVENT,
-)
+from tasks.constants import TERMINAL_EVENT, EventKind
 from tasks.store.db import session_scope
 
 
@@ -44,8 +39,8 @@ def collect(window_s: float) -> Stats:
             sa.select(RunEvent.kind, RunEvent.data, Run.org_id)
             .join(Run, Run.id == RunEvent.run_id)
             .where(RunEvent.at >= since,
-                   RunEvent.kind.in_([*TERMINAL_EVENT.values(), EV_DEFERRED,
-                                      EV_CAPACITY_OVERRUN, EV_SANDBOX_REQUESTED]))
+                   RunEvent.kind.in_([*TERMINAL_EVENT.values(), EventKind.DEFERRED,
+                                      EventKind.CAPACITY_OVERRUN, EventKind.SANDBOX_REQUESTED]))
         ).all()
         stats.leases_held_by_org = {o: n for o, n in session.execute(
             sa.select(CapacityLease.org_id, sa.func.count())
@@ -55,11 +50,11 @@ def collect(window_s: float) -> Stats:
     overruns: Counter[str] = Counter()
     for kind, data, org in recent:
         data = data or {}
-        if kind == EV_DEFERRED:
+        if kind == EventKind.DEFERRED:
             deferrals[str(data.get("cause"))] += 1
-        elif kind == EV_CAPACITY_OVERRUN:
+        elif kind == EventKind.CAPACITY_OVERRUN:
             overruns[org] += 1
-        elif kind == EV_SANDBOX_REQUESTED:
+        elif kind == EventKind.SANDBOX_REQUESTED:
             stats.sandbox_starts += 1
         else:
             status = kind.split(".", 1)[1]

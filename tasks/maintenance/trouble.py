@@ -12,7 +12,7 @@ import logging
 import sqlalchemy as sa
 
 from models import Run
-from tasks.constants import EV_MAINTENANCE_FAILED, RUNTIME_INTERNAL_ERROR
+from tasks.constants import RUNTIME_INTERNAL_ERROR, EventKind
 from tasks.parse.untrusted import storable_text
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_forced
@@ -40,7 +40,7 @@ def note_failure(run_id: str, exc: BaseException, where: str) -> bool:
             passes = session.scalar(
                 sa.update(Run).where(Run.id == run_id)
                 .values(trouble_count=Run.trouble_count + 1).returning(Run.trouble_count))
-            ledger.append(session, run_id, EV_MAINTENANCE_FAILED,
+            ledger.append(session, run_id, EventKind.MAINTENANCE_FAILED,
                           {"where": where, "error": describe(exc), "pass": passes})
         if passes is None or passes < MAX_PASSES:
             return False

@@ -22,11 +22,11 @@ from functools import lru_cache
 
 from prometheus_client import REGISTRY, Counter, Histogram
 
-from tasks.constants import LEASE_LIVE, LEASE_RESERVED
+from tasks.constants import LeaseState
 from tasks.settings import get_settings
 
 OTHER_ORGS = "other"
-LEASE_STATES = (LEASE_RESERVED, LEASE_LIVE)
+LEASE_STATES = (LeaseState.RESERVED, LeaseState.LIVE)
 # Seconds: a queued run waits from milliseconds (idle fleet) to many minutes (deferrals).
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                     900.0, 1800.0, 3600.0)

@@ -11,17 +11,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasks.constants import (
-    MAX_STATS_WINDOW_S,
-    MIN_RUN_ID_PREFIX,
-    RUN_CODE_PATTERN,
-    RUN_STATUSES,
-)
+from tasks.constants import MAX_STATS_WINDOW_S, MIN_RUN_ID_PREFIX, RUN_CODE_PATTERN, RunStatus
 from tasks.errors import InputInvalidError, RunNotFoundError
 from tasks.parse.checks import brief, check_text
 from tasks.parse.durations import parse_duration
 
 _CODE = re.compile(RUN_CODE_PATTERN)
+_STATUSES = frozenset(RunStatus)
 _HEX_PREFIX = re.compile(r"[0-9a-f]{1,32}")
 # A page cursor: the last run's created_at in microseconds since the epoch, and its id.
 _CURSOR = re.compile(r"([0-9]{1,17})\.([0-9a-f]{32})")
@@ -46,12 +42,12 @@ class Cursor:
         return f"{micros}.{self.run_id}"
 
 
-def check_status(value: Any) -> str | None:
+def check_status(value: Any) -> RunStatus | None:
     if value is None:
         return None
-    if not isinstance(value, str) or value not in RUN_STATUSES:
-        raise InputInvalidError(f"status {brief(value)} is not one of {', '.join(RUN_STATUSES)}")
-    return str.__str__(value)
+    if not isinstance(value, str) or value not in _STATUSES:
+        raise InputInvalidError(f"status {brief(value)} is not one of {', '.join(RunStatus)}")
+    return RunStatus(value)
 
 
 def check_code(value: Any) -> str | None:

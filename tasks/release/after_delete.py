@@ -13,14 +13,7 @@ from typing import Any
 
 import psycopg
 
-from tasks.constants import (
-    EV_CAPACITY_RELEASED,
-    EV_SANDBOX_DELETED,
-    LEASE_HELD,
-    LEASE_RELEASED,
-    RECEIPT_HELD,
-    RESOURCE_DELETED,
-)
+from tasks.constants import LEASE_HELD, RECEIPT_HELD, EventKind, LeaseState, SandboxState
 from tasks.store.db import one_row, sql_list
 
 # The run row is locked first, as every writer does (both updates join it). The events go
@@ -35,13 +28,13 @@ WITH run AS (
           AND status IN ({sql_list(RECEIPT_HELD)})
         LIMIT 1) held
 ), gone AS (
-    UPDATE runtime_resources AS r SET state = '{RESOURCE_DELETED}',
+    UPDATE runtime_resources AS r SET state = '{SandboxState.DELETED}',
         deleted_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM run
-    WHERE r.id = %(rid)s AND r.run_id = run.id AND r.state <> '{RESOURCE_DELETED}'
+    WHERE r.id = %(rid)s AND r.run_id = run.id AND r.state <> '{SandboxState.DELETED}'
     RETURNING r.id
 ), released AS (
-    UPDATE capacity_leases AS l SET state = '{LEASE_RELEASED}',
+    UPDATE capacity_leases AS l SET state = '{LeaseState.RELEASED}',
         released_at = clock_timestamp()
     FROM run, receipts
     WHERE receipts.n = 0 AND l.run_id = run.id AND l.generation = %(gen)s
@@ -50,10 +43,10 @@ WITH run AS (
 ), events AS (
     INSERT INTO run_events (run_id, generation, kind, data)
     SELECT %(run)s, %(gen)s, e.kind, e.data FROM (
-        SELECT 0 AS n, '{EV_SANDBOX_DELETED}' AS kind,
+        SELECT 0 AS n, '{EventKind.SANDBOX_DELETED}' AS kind,
                jsonb_build_object('sandbox_id', %(sid)s::text) AS data FROM gone
         UNION ALL
-        SELECT 1, '{EV_CAPACITY_RELEASED}', jsonb_build_object('lease_id', id) FROM released
+        SELECT 1, '{EventKind.CAPACITY_RELEASED}', jsonb_build_object('lease_id', id) FROM released
     ) e ORDER BY e.n
 )
 SELECT (SELECT n FROM receipts), (SELECT count(*) FROM released)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from models import CapacityLease, db_now
-from tasks.constants import EV_CAPACITY_RELEASED
 from tasks.constants import LEASE_HELD as HELD
-from tasks.constants import LEASE_RELEASED as RELEASED
+from tasks.constants import EventKind, LeaseState
 from tasks.store import ledger
 from tasks.store.db import driver_cursor, get_engine, session_scope, sql_list
 from tasks.store.fence import lock_run
@@ -19,7 +18,7 @@ _PG_RELEASE = f"""
 WITH run AS (
     SELECT id FROM runs WHERE id = %(run)s FOR UPDATE
 ), released AS (
-    UPDATE capacity_leases AS l SET state = '{RELEASED}', released_at = clock_timestamp()
+    UPDATE capacity_leases AS l SET state = '{LeaseState.RELEASED}', released_at = clock_timestamp()
     FROM run
     WHERE l.run_id = run.id AND l.generation = %(gen)s
       AND l.state IN ({sql_list(HELD)})
@@ -27,7 +26,7 @@ WITH run AS (
     RETURNING l.id
 ), events AS (
     INSERT INTO run_events (run_id, generation, kind, data)
-    SELECT %(run)s, %(gen)s, '{EV_CAPACITY_RELEASED}', jsonb_build_object('lease_id', id)
+    SELECT %(run)s, %(gen)s, '{EventKind.CAPACITY_RELEASED}', jsonb_build_object('lease_id', id)
     FROM released
 )
 SELECT id FROM released
@@ -48,9 +47,9 @@ def release_lease(run_id: str, generation: int, token: str | None = None) -> lis
         if token is not None:
             cond.append(CapacityLease.holder_token == token)
         released = list(session.scalars(sa.update(CapacityLease).where(*cond)
-                                        .values(state=RELEASED, released_at=db_now())
+                                        .values(state=LeaseState.RELEASED, released_at=db_now())
                                         .returning(CapacityLease.id)))
         for lease_id in released:
-            ledger.append(session, run_id, EV_CAPACITY_RELEASED, {"lease_id": lease_id},
+            ledger.append(session, run_id, EventKind.CAPACITY_RELEASED, {"lease_id": lease_id},
                           generation)
     return released

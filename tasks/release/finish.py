@@ -8,7 +8,7 @@ import logging
 import sqlalchemy as sa
 
 from models import Attempt, Run
-from tasks.constants import ATTEMPT_ACTIVE
+from tasks.constants import AttemptState
 from tasks.errors import FenceLostError
 from tasks.release.attempt import release_attempt
 from tasks.release.sandboxes import release_sandboxes
@@ -24,7 +24,7 @@ def _flags(fence: Fence) -> tuple[bool, bool]:
     """(this holder is still the active one, a cancel was requested)."""
     with session_scope(readonly=True) as session:
         row = session.execute(
-            sa.select(Attempt.state == ATTEMPT_ACTIVE, Run.cancel_requested_at.is_not(None))
+            sa.select(Attempt.state == AttemptState.ACTIVE, Run.cancel_requested_at.is_not(None))
             .join(Run, Run.id == Attempt.run_id)
             .where(Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
                    Attempt.lease_token == fence.lease_token)).first()

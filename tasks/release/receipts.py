@@ -14,7 +14,7 @@ import logging
 import sqlalchemy as sa
 
 from models import WorkReceipt, db_now
-from tasks.constants import EV_RECEIPTS_RELEASED, RECEIPT_HELD, RECEIPT_RELEASED
+from tasks.constants import RECEIPT_HELD, EventKind, ReceiptState
 from tasks.store import ledger
 from tasks.store.db import autocommit, session_scope
 from tasks.store.fence import lock_run
@@ -47,10 +47,10 @@ def release_receipts(run_id: str, generation: int) -> int:
         released = int(session.execute(
             sa.update(WorkReceipt)
             .where(held, ~owner_live())
-            .values(status=RECEIPT_RELEASED, released_at=db_now(), updated_at=db_now())
+            .values(status=ReceiptState.RELEASED, released_at=db_now(), updated_at=db_now())
         ).rowcount)  # type: ignore[attr-defined]
         if released and run is not None:  # a purged run has no ledger left to tell
-            ledger.append(session, run_id, EV_RECEIPTS_RELEASED, {"count": released},
+            ledger.append(session, run_id, EventKind.RECEIPTS_RELEASED, {"count": released},
                           generation)
     if released:
         log.info("released %d receipt(s) of run %s gen %s", released, run_id, generation)

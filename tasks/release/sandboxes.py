@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from models import RuntimeResource, db_now
-from tasks.constants import EV_SANDBOX_DELETED, RESOURCE_DELETED
+from tasks.constants import EventKind, SandboxState
 from tasks.errors import PlayrunError
 from tasks.release.after_delete import mark_and_release
 from tasks.sandbox.runtime import provider
@@ -28,14 +28,15 @@ _PG_MARK_DELETED = f"""
 WITH quick AS ({ASYNC_COMMIT_SQL}), run AS (
     SELECT id FROM runs WHERE id = %(run)s FOR UPDATE
 ), gone AS (
-    UPDATE runtime_resources AS r SET state = '{RESOURCE_DELETED}',
+    UPDATE runtime_resources AS r SET state = '{SandboxState.DELETED}',
         deleted_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM run, quick
-    WHERE r.id = %(rid)s AND r.run_id = run.id AND r.state <> '{RESOURCE_DELETED}'
+    WHERE r.id = %(rid)s AND r.run_id = run.id AND r.state <> '{SandboxState.DELETED}'
     RETURNING r.id
 )
 INSERT INTO run_events (run_id, generation, kind, data)
-SELECT %(run)s, %(gen)s, '{EV_SANDBOX_DELETED}', jsonb_build_object('sandbox_id', %(sid)s::text)
+SELECT %(run)s, %(gen)s, '{EventKind.SANDBOX_DELETED}',
+       jsonb_build_object('sandbox_id', %(sid)s::text)
 FROM gone
 """
 
@@ -54,11 +55,11 @@ def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_i
         lock_run(session, run_id)  # run row first, as every writer does: no deadlock
         changed = session.execute(
             sa.update(RuntimeResource)
-            .where(RuntimeResource.id == resource_id, RuntimeResource.state != RESOURCE_DELETED)
-            .values(state=RESOURCE_DELETED, deleted_at=db_now(), updated_at=db_now())
+            .where(RuntimeResource.id == resource_id, RuntimeResource.state != SandboxState.DELETED)
+            .values(state=SandboxState.DELETED, deleted_at=db_now(), updated_at=db_now())
         ).rowcount  # type: ignore[attr-defined]
         if changed:
-            ledger.append(session, run_id, EV_SANDBOX_DELETED, {"sandbox_id": sandbox_id},
+            ledger.append(session, run_id, EventKind.SANDBOX_DELETED, {"sandbox_id": sandbox_id},
                           generation)
     return True
 
@@ -82,14 +83,14 @@ _UNDELETED = (
     .where(RuntimeResource.run_id == sa.bindparam("run"),
            RuntimeResource.generation == sa.bindparam("gen"),
            RuntimeResource.holder_token == sa.bindparam("token"),
-           RuntimeResource.state != RESOURCE_DELETED)
+           RuntimeResource.state != SandboxState.DELETED)
 )
 
 
 _PG_UNDELETED = f"""
 SELECT id, provider, sandbox_id FROM runtime_resources
 WHERE run_id = %(run)s AND generation = %(gen)s AND holder_token = %(token)s
-  AND state <> '{RESOURCE_DELETED}'
+  AND state <> '{SandboxState.DELETED}'
 """
 
 

@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.constants import (
-    CANCELLED,
     CANCELLED_CODE,
-    FAILED,
     MAX_OUTPUT_BYTES,
     MAX_RESULT_FILE_BYTES,
     OUTPUT_INVALID,
@@ -17,7 +15,7 @@ from tasks.constants import (
     RUNTIME_SHEET_ATTEMPT_SUPERSEDED,
     RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE,
     STEP_CODES,
-    SUCCEEDED,
+    RunStatus,
 )
 from tasks.errors import DocumentInvalidError
 from tasks.parse import untrusted
@@ -32,30 +30,30 @@ MAX_ERROR_CHARS = 8192
 
 @dataclass(frozen=True)
 class Outcome:
-    status: str
+    status: RunStatus
     code: str | None = None
     error: str | None = None
     output: Any = None
 
     @classmethod
     def failed(cls, code: str, error: str) -> Outcome:
-        return cls(FAILED, code, storable_text(str(error)[:MAX_ERROR_CHARS]))
+        return cls(RunStatus.FAILED, code, storable_text(str(error)[:MAX_ERROR_CHARS]))
 
 
-CANCELLED_OUTCOME = Outcome(CANCELLED, CANCELLED_CODE, "the run was cancelled")
+CANCELLED_OUTCOME = Outcome(RunStatus.CANCELLED, CANCELLED_CODE, "the run was cancelled")
 
 
 def from_document(doc: Any) -> Outcome:
     """A decoded result document (read from the sandbox or pushed) as an outcome."""
     if not isinstance(doc, dict):
         return Outcome.failed(OUTPUT_INVALID, "the result is not a JSON object")
-    if doc.get("status") == SUCCEEDED and "output" in doc:
+    if doc.get("status") == RunStatus.SUCCEEDED and "output" in doc:
         size = encoded_size(doc["output"])
         if size > MAX_OUTPUT_BYTES:
             return Outcome.failed(OUTPUT_INVALID,
                                   f"output is {size} bytes; the limit is {MAX_OUTPUT_BYTES}")
-        return Outcome(SUCCEEDED, output=doc["output"])
-    if doc.get("status") == FAILED and isinstance(doc.get("code"), str):
+        return Outcome(RunStatus.SUCCEEDED, output=doc["output"])
+    if doc.get("status") == RunStatus.FAILED and isinstance(doc.get("code"), str):
         code = doc["code"] if doc["code"] in _KNOWN_CODES else "PLAY_ERROR"
         return Outcome.failed(code, str(doc.get("error") or code))
     return Outcome.failed(OUTPUT_INVALID, "the result has an unknown shape")

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from tasks.constants import ATTEMPT_ENDED, EV_PROGRESS_DROPPED, TERMINAL_EVENT
+from tasks.constants import TERMINAL_EVENT, AttemptState, EventKind
 from tasks.settlement.outcome import Outcome
 from tasks.store.fence import LaunchFence, held_launch_sql
 
@@ -25,7 +25,7 @@ _SQL = f"""
 WITH held AS ({held_launch_sql(
     "r.id, r.created_at, a.id AS attempt_id, a.lease_token, a.host_queue, "
     "a.progress_dropped, a.progress_count")}), ended AS (
-    UPDATE attempts a SET state = '{ATTEMPT_ENDED}', end_reason = %(reason)s,
+    UPDATE attempts a SET state = '{AttemptState.ENDED}', end_reason = %(reason)s,
         ended_at = clock_timestamp()
     FROM held WHERE a.id = held.attempt_id
     RETURNING a.id
@@ -38,7 +38,7 @@ WITH held AS ({held_launch_sql(
 ), events AS (
     INSERT INTO run_events (run_id, generation, kind, data)
     SELECT e.run_id, %(gen)s, e.kind, e.data FROM (
-        SELECT 1 AS n, held.id AS run_id, '{EV_PROGRESS_DROPPED}' AS kind,
+        SELECT 1 AS n, held.id AS run_id, '{EventKind.PROGRESS_DROPPED}' AS kind,
                jsonb_build_object('dropped', held.progress_dropped,
                                   'kept', held.progress_count) AS data
         FROM held WHERE held.progress_dropped > 0

@@ -12,14 +12,13 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    ATTEMPT_ENDED,
-    EV_PROGRESS_DROPPED,
     OUTPUT_INVALID,
     RUNTIME_RUNNER_LOST,
-    SUCCEEDED,
     TERMINAL_EVENT,
     TERMINAL_STATUSES,
+    AttemptState,
+    EventKind,
+    RunStatus,
 )
 from tasks.errors import FenceLostError
 from tasks.observe import metrics
@@ -42,7 +41,7 @@ class Settled:
 
 
 def _current(run: Run) -> Outcome:
-    return Outcome(run.status, run.code, run.error, run.output)
+    return Outcome(RunStatus(run.status), run.code, run.error, run.output)
 
 
 def write_terminal(session: Session, run: Run, outcome: Outcome, generation: int | None) -> None:
@@ -84,17 +83,17 @@ def _storing(write: Callable[[Outcome], Settled], outcome: Outcome) -> Settled:
         return write(outcome)
     except _REFUSED as exc:
         if isinstance(exc, _TRANSIENT) or (outcome.output is None
-                                            and outcome.status != SUCCEEDED):
+                                            and outcome.status != RunStatus.SUCCEEDED):
             raise
         return write(unstorable(outcome, exc))
 
 
 def _end(session: Session, run: Run, attempt: Attempt, outcome: Outcome, reason: str) -> Settled:
-    attempt.state = ATTEMPT_ENDED
+    attempt.state = AttemptState.ENDED
     attempt.end_reason = reason
     attempt.ended_at = db_now()
     if attempt.progress_dropped:
-        ledger.append(session, run.id, EV_PROGRESS_DROPPED,
+        ledger.append(session, run.id, EventKind.PROGRESS_DROPPED,
                       {"dropped": attempt.progress_dropped, "kept": attempt.progress_count},
                       attempt.generation)
     write_terminal(session, run, outcome, attempt.generation)
@@ -167,12 +166,12 @@ def settle_unattended(run_id: str, outcome: Outcome) -> Settled:
         if run.status in TERMINAL_STATUSES:
             return Settled(False, _current(run))
         active = session.scalar(sa.select(sa.func.count()).where(
-            Attempt.run_id == run_id, Attempt.state == ATTEMPT_ACTIVE))
+            Attempt.run_id == run_id, Attempt.state == AttemptState.ACTIVE))
         if active:
             return Settled(False, _current(run))
         session.execute(sa.update(Attempt).where(
-            Attempt.run_id == run_id, Attempt.state != ATTEMPT_ENDED
-        ).values(state=ATTEMPT_ENDED, end_reason=outcome.code or outcome.status,
+            Attempt.run_id == run_id, Attempt.state != AttemptState.ENDED
+        ).values(state=AttemptState.ENDED, end_reason=outcome.code or outcome.status,
                  ended_at=db_now()))
         write_terminal(session, run, outcome, None)
     run_settled(run_id, outcome.status)
@@ -189,8 +188,8 @@ def settle_forced(run_id: str, outcome: Outcome, reason: str) -> Settled:
         if run.status in TERMINAL_STATUSES:
             return Settled(False, _current(run))
         session.execute(sa.update(Attempt).where(
-            Attempt.run_id == run_id, Attempt.state != ATTEMPT_ENDED,
-        ).values(state=ATTEMPT_ENDED, end_reason=reason, ended_at=db_now()))
+            Attempt.run_id == run_id, Attempt.state != AttemptState.ENDED,
+        ).values(state=AttemptState.ENDED, end_reason=reason, ended_at=db_now()))
         write_terminal(session, run, outcome, run.current_generation or None)
     run_settled(run_id, outcome.status)
     return Settled(True, outcome)

@@ -21,14 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import Sheet, SheetRow, SheetWriteIntent, db_now
-from tasks.constants import (
-    INTENT_ADMITTED,
-    INTENT_LEGACY,
-    INTENT_STABLE,
-    SHEET_DONE,
-    SHEET_MAX_READ_BYTES,
-    SHEET_PENDING,
-)
+from tasks.constants import SHEET_MAX_READ_BYTES, IntentKind, IntentStatus, SheetRowStatus
 from tasks.errors import SheetWriteIntentInvalidError, SheetWriteVersionMismatchError
 from tasks.parse.untrusted import encoded_size
 from tasks.store.db import is_postgres
@@ -102,10 +95,10 @@ def check_intent(intent: Any, run_id: str, table: str, caller_version: int | Non
     if owner != run_id:
         raise SheetWriteIntentInvalidError(
             f"the write intent of table {table!r} belongs to run {owner}, not {run_id}")
-    if kind != INTENT_STABLE or status != INTENT_ADMITTED:
+    if kind != IntentKind.STABLE or status != IntentStatus.ADMITTED:
         raise SheetWriteIntentInvalidError(
             f"the write intent of table {table!r} is {kind}/{status}, not "
-            f"{INTENT_STABLE}/{INTENT_ADMITTED}")
+            f"{IntentKind.STABLE}/{IntentStatus.ADMITTED}")
     if not isinstance(version, int) or isinstance(version, bool) or version <= 0:
         raise SheetWriteIntentInvalidError(
             f"the write intent of table {table!r} does not hold an admitted version")
@@ -130,7 +123,7 @@ def resolve_stable_intent(session: Session, sheet_id: int, run_id: str, generati
         intent = session.execute(
             _insert(session)(SheetWriteIntent)
             .values(sheet_id=sheet_id, version=candidate, run_id=run_id, generation=generation,
-                    kind=INTENT_STABLE, status=INTENT_ADMITTED, intent_key=run_id)
+                    kind=IntentKind.STABLE, status=IntentStatus.ADMITTED, intent_key=run_id)
             .on_conflict_do_nothing(index_elements=["sheet_id", "intent_key"])
             .returning(SheetWriteIntent.version, SheetWriteIntent.run_id,
                        SheetWriteIntent.kind, SheetWriteIntent.status)).first()
@@ -148,8 +141,8 @@ def mint_legacy(session: Session, sheet_id: int, run_id: str, generation: int) -
     """The legacy start: a fresh version on every call without one (a retry re-admits)."""
     version = mint_version(session, sheet_id)
     session.add(SheetWriteIntent(sheet_id=sheet_id, version=version, run_id=run_id,
-                                 generation=generation, kind=INTENT_LEGACY,
-                                 status=INTENT_ADMITTED, intent_key=None))
+                                 generation=generation, kind=IntentKind.LEGACY,
+                                 status=IntentStatus.ADMITTED, intent_key=None))
     session.flush()
     return version
 
@@ -164,9 +157,10 @@ def admitted_version(session: Session, sheet_id: int | None, run_id: str, versio
     if intent is None or intent[0] != run_id:
         raise SheetWriteVersionMismatchError(
             f"write version {version} was never admitted by run {run_id} for table {table!r}")
-    if intent[1] != INTENT_ADMITTED:
+    if intent[1] != IntentStatus.ADMITTED:
         raise SheetWriteIntentInvalidError(
-            f"write version {version} of table {table!r} is {intent[1]}, not {INTENT_ADMITTED}")
+            f"write version {version} of table {table!r} is {intent[1]}, "
+            f"not {IntentStatus.ADMITTED}")
     return version
 
 
@@ -252,7 +246,7 @@ def admit_page(session: Session, sheet_id: int, version: int,
         for key, data in sorted(rows, key=lambda r: r[0])], ("key", "data"))
     source = sa.select(sa.bindparam("sheet_id", sheet_id, type_=sa.BigInteger), recs.c.key,
                        _json(session, recs.c.data),
-                       sa.bindparam("pending", SHEET_PENDING, type_=sa.String),
+                       sa.bindparam("pending", SheetRowStatus.PENDING, type_=sa.String),
                        sa.bindparam("version", version, type_=sa.BigInteger)) \
         .order_by(_key_order(session, recs.c.key))
     if not is_postgres(session):
@@ -261,7 +255,7 @@ def admit_page(session: Session, sheet_id: int, version: int,
         ["sheet_id", "key", "data", "status", "write_version"], source)
     session.execute(insert.on_conflict_do_update(
         index_elements=[ROWS.c.sheet_id, ROWS.c.key],
-        set_={"data": insert.excluded.data, "status": SHEET_PENDING, "result": sa.null(),
+        set_={"data": insert.excluded.data, "status": SheetRowStatus.PENDING, "result": sa.null(),
               "error": None, "write_version": insert.excluded.write_version,
               "updated_at": db_now()},
         where=ROWS.c.write_version < insert.excluded.write_version))
@@ -275,11 +269,11 @@ def admit_page(session: Session, sheet_id: int, version: int,
         if row.write_version > version:
             admission.superseded.append({"key": key, "reason": NEWER,
                                          "write_version": row.write_version})
-        elif row.status == SHEET_PENDING:
+        elif row.status == SheetRowStatus.PENDING:
             admission.todo.append(key)
         else:
             item: dict[str, Any] = {"key": key, "status": row.status}
-            if row.status == SHEET_DONE:
+            if row.status == SheetRowStatus.DONE:
                 item["result"] = row.result
             else:
                 item["error"] = row.error
@@ -304,7 +298,7 @@ def _reason(stamp: int | None, status: str | None, version: int) -> str:
         return OLDER
     if stamp > version:
         return NEWER
-    return ALREADY_TERMINAL if status != SHEET_PENDING else UNREPORTED
+    return ALREADY_TERMINAL if status != SheetRowStatus.PENDING else UNREPORTED
 
 
 def write_rows(session: Session, sheet_id: int, version: int,
@@ -319,13 +313,13 @@ def write_rows(session: Session, sheet_id: int, version: int,
     state = {r.key: (r.write_version, r.status) for r in _lookup(
         session, sheet_id, [r.key for r in ordered],
         (SheetRow.key, SheetRow.write_version, SheetRow.status), lock=is_postgres(session))}
-    writable = [r for r in ordered if state.get(r.key) == (version, SHEET_PENDING)]
+    writable = [r for r in ordered if state.get(r.key) == (version, SheetRowStatus.PENDING)]
     if writable:
         fenced = sa.update(ROWS).where(
             ROWS.c.sheet_id == sheet_id, ROWS.c.key == sa.bindparam("k"),
-            ROWS.c.write_version == version, ROWS.c.status == SHEET_PENDING,
+            ROWS.c.write_version == version, ROWS.c.status == SheetRowStatus.PENDING,
         ).values(status=sa.bindparam("s"), error=sa.bindparam("e"), updated_at=db_now(),
-                 result=sa.case((sa.bindparam("s") == SHEET_DONE,
+                 result=sa.case((sa.bindparam("s") == SheetRowStatus.DONE,
                                  sa.bindparam("r", type_=ROWS.c.result.type)),
                                 else_=sa.null()))
         changed = session.execute(fenced, [

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from models import Sheet, SheetRow, SheetWriteIntent
-from tasks.constants import SHEET_ROW_STATUSES
+from tasks.constants import SheetRowStatus
 from tasks.sheets.store import find_sheet, play_name
 from tasks.store.db import ensure_schema_once, session_scope
 
@@ -25,7 +25,7 @@ class SheetRowView:
     key: str
     data: Any
     result: Any
-    status: str  # pending, done or failed
+    status: SheetRowStatus
     write_version: int
     error: str | None
     updated_at: datetime
@@ -73,8 +73,9 @@ def iter_sheet_rows(org_id: str, play: str, table: str, *,
                 .order_by(SheetRow.key).limit(batch)
             if after is not None:
                 stmt = stmt.where(SheetRow.key > after)
-            page = [SheetRowView(r.key, r.data, r.result, r.status, r.write_version, r.error,
-                                 r.updated_at) for r in session.scalars(stmt)]
+            page = [SheetRowView(r.key, r.data, r.result, SheetRowStatus(r.status),
+                                 r.write_version, r.error, r.updated_at)
+                    for r in session.scalars(stmt)]
         yield from page
         if len(page) < batch:
             return
@@ -93,7 +94,7 @@ def summary(org_id: str, play: str, table: str) -> SheetSummary | None:
             Sheet.org_id == org_id, Sheet.play == _play(play), Sheet.name == table)).first()
         if sheet is None:
             return None
-        by_status = dict.fromkeys(SHEET_ROW_STATUSES, 0)
+        by_status: dict[str, int] = dict.fromkeys(SheetRowStatus, 0)
         for status, count in session.execute(
                 sa.select(SheetRow.status, sa.func.count()).where(SheetRow.sheet_id == sheet.id)
                 .group_by(SheetRow.status)):
@@ -129,7 +130,7 @@ def export_lines(org_id: str, play: str, table: str, fmt: str) -> Iterator[str]:
     for row in iter_sheet_rows(org_id, play, table):
         writer.writerow([row.key, row.status, row.write_version,
                          json.dumps(row.data, ensure_ascii=False),
-                         "" if row.result is None and row.status != "done"
+                         "" if row.result is None and row.status != SheetRowStatus.DONE
                          else json.dumps(row.result, ensure_ascii=False),
                          row.error or "", row.updated_at.isoformat()])
         yield take()

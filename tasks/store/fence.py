@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
-from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
+from tasks.constants import TERMINAL_STATUSES, AttemptState, EventKind
 from tasks.errors import FenceLostError
 from tasks.store.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
 
@@ -39,7 +39,7 @@ def _current(fence: Fence) -> sa.ColumnElement[bool]:
         Attempt.run_id == fence.run_id,
         Attempt.generation == fence.generation,
         Attempt.lease_token == fence.lease_token,
-        Attempt.state == ATTEMPT_ACTIVE,
+        Attempt.state == AttemptState.ACTIVE,
         Attempt.lease_expires_at > db_now(),
     )
 
@@ -51,7 +51,7 @@ _HOLD = (
     .join(Attempt, sa.and_(Attempt.run_id == Run.id,
                            Attempt.generation == sa.bindparam("generation"),
                            Attempt.lease_token == sa.bindparam("token"),
-                           Attempt.state == ATTEMPT_ACTIVE,
+                           Attempt.state == AttemptState.ACTIVE,
                            Attempt.lease_expires_at > db_now()))
     .where(Run.id == sa.bindparam("run_id"), Run.current_generation == sa.bindparam("generation"))
     .with_for_update()
@@ -114,7 +114,7 @@ def launch_filter(fence: LaunchFence) -> sa.ColumnElement[bool]:
     current = sa.select(Run.current_generation).where(Run.id == fence.run_id) \
         .scalar_subquery()
     return sa.and_(Attempt.run_id == fence.run_id, Attempt.generation == fence.generation,
-                   Attempt.launch_id == fence.launch_id, Attempt.state == ATTEMPT_ACTIVE,
+                   Attempt.launch_id == fence.launch_id, Attempt.state == AttemptState.ACTIVE,
                    Attempt.generation == current)
 
 
@@ -150,7 +150,7 @@ def held_sql(columns: str = "r.id", join: str = "", lock: str = "r, a") -> str:
     SELECT {columns} FROM runs r
     JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation {join}
     WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.lease_token = %(token)s
-      AND a.state = '{ATTEMPT_ACTIVE}' AND a.lease_expires_at > clock_timestamp()
+      AND a.state = '{AttemptState.ACTIVE}' AND a.lease_expires_at > clock_timestamp()
       AND r.status NOT IN ({sql_list(TERMINAL_STATUSES)})
     FOR UPDATE OF {lock}
 """
@@ -167,7 +167,7 @@ def held_launch_sql(columns: str = "r.id") -> str:
     SELECT {columns} FROM runs r
     JOIN attempts a ON a.run_id = r.id AND a.generation = r.current_generation
     WHERE r.id = %(run)s AND r.current_generation = %(gen)s AND a.launch_id = %(launch)s
-      AND a.state = '{ATTEMPT_ACTIVE}' AND r.cancel_requested_at IS NULL
+      AND a.state = '{AttemptState.ACTIVE}' AND r.cancel_requested_at IS NULL
       AND r.status NOT IN ({sql_list(TERMINAL_STATUSES)})
     FOR UPDATE OF r, a
 """
@@ -188,7 +188,7 @@ RETURNING id
 """
 
 
-def append_if_current(fence: Fence, kind: str, data: dict[str, Any]) -> bool:
+def append_if_current(fence: Fence, kind: EventKind, data: dict[str, Any]) -> bool:
     """PostgreSQL: append a ledger event in one round trip if the fence holds; False if it
     does not (nothing written). Elsewhere the caller uses hold() + ledger.append."""
     with driver_cursor() as cur:

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import RunEvent
+from tasks.constants import EventKind
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Event:
 
 
 def append(
-    session: Session, run_id: str, kind: str, data: dict[str, Any] | None = None,
+    session: Session, run_id: str, kind: EventKind, data: dict[str, Any] | None = None,
     generation: int | None = None,
 ) -> None:
     """Add one event; fenced callers do this inside the fenced transaction."""

@@ -20,9 +20,6 @@ from tasks.acquisition.start import Step, acquire_sandbox, open_attempt
 from tasks.admission.relay import publish_due, resend_stale
 from tasks.broker.app import app
 from tasks.constants import (
-    ATTEMPT_ACTIVE,
-    EV_RUNNER_LOST,
-    EV_RUNNER_UNREACHABLE,
     RUNTIME_RUNNER_LOST,
     SANDBOX_START_FAILED,
     TASK_CANCEL_ATTEMPT,
@@ -34,6 +31,8 @@ from tasks.constants import (
     TASK_START_ATTEMPT,
     TASK_SWEEP_OUTBOX,
     TASK_WATCHDOG_PING,
+    AttemptState,
+    EventKind,
 )
 from tasks.errors import FenceLostError
 from tasks.execution.inspect import Verdict, inspect
@@ -124,7 +123,7 @@ def _quiet_attempt(run_id: str, generation: int, token: str) -> tuple[str | None
         row = session.execute(sa.select(
             Attempt.sandbox_id, Attempt.runner_deadline < db_now(),
         ).where(Attempt.run_id == run_id, Attempt.generation == generation,
-                Attempt.lease_token == token, Attempt.state == ATTEMPT_ACTIVE)).first()
+                Attempt.lease_token == token, Attempt.state == AttemptState.ACTIVE)).first()
     return (row[0], bool(row[1])) if row else None
 
 
@@ -134,7 +133,7 @@ def _keep_running(fence: Fence) -> None:
     with session_scope() as session:
         _run, attempt = hold(session, fence)
         if attempt.unreachable_at is None:
-            ledger.append(session, fence.run_id, EV_RUNNER_UNREACHABLE,
+            ledger.append(session, fence.run_id, EventKind.RUNNER_UNREACHABLE,
                           {"reason": "heartbeats stopped but the runner is still running"},
                           fence.generation)
         attempt.unreachable_at = db_now()
@@ -164,7 +163,7 @@ def inspect_attempt(run_id: str, generation: int, lease_token: str) -> None:
         if outcome.code == RUNTIME_RUNNER_LOST:
             with session_scope() as session:
                 hold(session, fence)
-                ledger.append(session, run_id, EV_RUNNER_LOST, {"reason": outcome.error},
+                ledger.append(session, run_id, EventKind.RUNNER_LOST, {"reason": outcome.error},
                               generation)
         finish(fence, outcome, "runner_lost")
     except FenceLostError:
@@ -180,7 +179,7 @@ def cancel_attempt(run_id: str) -> None:
         row = session.execute(sa.select(Attempt.generation, Attempt.lease_token).join(
             Run, Run.id == Attempt.run_id).where(
             Attempt.run_id == run_id, Attempt.generation == Run.current_generation,
-            Attempt.state == ATTEMPT_ACTIVE)).first()
+            Attempt.state == AttemptState.ACTIVE)).first()
     if row is None:
         settle_unattended(run_id, CANCELLED_OUTCOME)
         return

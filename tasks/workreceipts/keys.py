@@ -13,7 +13,7 @@ from pathlib import PurePath
 import sqlalchemy as sa
 
 from models import Attempt, Run, WorkReceipt, db_now
-from tasks.constants import ATTEMPT_ACTIVE, TERMINAL_STATUSES
+from tasks.constants import TERMINAL_STATUSES, AttemptState
 
 
 def play_name(play_path: str) -> str:
@@ -36,7 +36,7 @@ def owner_live(lease_grace_s: float | None = None) -> sa.ColumnElement[bool]:
     where = [Attempt.run_id == WorkReceipt.owner_run_id,
              Attempt.generation == WorkReceipt.owner_generation,
              Attempt.launch_id == WorkReceipt.owner_launch_id,
-             Attempt.state == ATTEMPT_ACTIVE,
+             Attempt.state == AttemptState.ACTIVE,
              Run.current_generation == Attempt.generation,
              Run.status.not_in(list(TERMINAL_STATUSES))]
     if lease_grace_s is not None:

@@ -17,17 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models import Run, WorkReceipt, db_now
-from tasks.constants import (
-    EV_STEP_COMPLETED,
-    EV_STEP_FAILED,
-    EV_STEP_REUSED,
-    EV_STEP_TAKEN_OVER,
-    MAX_STEP_OUTPUT_BYTES,
-    RECEIPT_COMPLETED,
-    RECEIPT_FAILED,
-    RECEIPT_HELD,
-    RECEIPT_RUNNING,
-)
+from tasks.constants import MAX_STEP_OUTPUT_BYTES, RECEIPT_HELD, EventKind, ReceiptState
 from tasks.errors import ReceiptNotHeldError, StepOutputInvalidError
 from tasks.parse.untrusted import encoded_size
 from tasks.store import ledger
@@ -83,14 +73,14 @@ def claim(fence: LaunchFence, step_key: str, claim_id: str, grace_s: float) -> d
         if found is None:
             if _insert_if_absent(session, {
                     "receipt_key": key, "org_id": run.org_id, "play": play_name(run.play_path),
-                    "step_key": step_key, "status": RECEIPT_RUNNING,
+                    "step_key": step_key, "status": ReceiptState.RUNNING,
                     **_owner(fence, claim_id)}):
                 return {"state": "run"}
             found = _locked(session, key, grace_s)  # the concurrent claim that won
             assert found is not None
         receipt, fresh, live = found
-        if receipt.status == RECEIPT_COMPLETED and fresh:
-            ledger.append(session, fence.run_id, EV_STEP_REUSED,
+        if receipt.status == ReceiptState.COMPLETED and fresh:
+            ledger.append(session, fence.run_id, EventKind.STEP_REUSED,
                           {"key": step_key, "computed_by": receipt.owner_run_id},
                           fence.generation)
             return {"state": "reuse", "output": receipt.output,
@@ -100,13 +90,13 @@ def claim(fence: LaunchFence, step_key: str, claim_id: str, grace_s: float) -> d
                 return {"state": "run"}  # a retried claim: the answer was lost
             if live:
                 return {"state": "wait", "retry_after_s": WAIT_HINT_S}
-            ledger.append(session, fence.run_id, EV_STEP_TAKEN_OVER,
+            ledger.append(session, fence.run_id, EventKind.STEP_TAKEN_OVER,
                           {"key": step_key, "from_run": receipt.owner_run_id,
                            "from_generation": receipt.owner_generation}, fence.generation)
         # Free (failed, released, expired) or its holder is gone: this call takes it.
         for name, value in _owner(fence, claim_id).items():
             setattr(receipt, name, value)
-        receipt.status = RECEIPT_RUNNING
+        receipt.status = ReceiptState.RUNNING
         receipt.claim_count += 1
         receipt.output = receipt.code = receipt.error = None
         receipt.completed_at = receipt.expires_at = receipt.released_at = None
@@ -133,18 +123,18 @@ def complete(fence: LaunchFence, step_key: str, claim_id: str, output: Any,
             f"the step output is {size} bytes; the limit is {MAX_STEP_OUTPUT_BYTES}")
     with session_scope() as session:
         receipt, status = _held_for_settling(session, fence, step_key, claim_id)
-        if status == RECEIPT_COMPLETED and receipt.output == output:
-            return {"state": "completed", "duplicate": True}  # a retried complete
+        if status == ReceiptState.COMPLETED and receipt.output == output:
+            return {"state": ReceiptState.COMPLETED, "duplicate": True}  # a retried complete
         if status not in RECEIPT_HELD:
             raise ReceiptNotHeldError(f"the receipt of step {step_key[:200]!r} is "
                                       f"already {status}")
-        receipt.status = RECEIPT_COMPLETED
+        receipt.status = ReceiptState.COMPLETED
         receipt.output = output
         receipt.completed_at = receipt.updated_at = db_now()
         receipt.expires_at = db_now(ttl_s) if ttl_s is not None else None
-        ledger.append(session, fence.run_id, EV_STEP_COMPLETED, {"key": step_key},
+        ledger.append(session, fence.run_id, EventKind.STEP_COMPLETED, {"key": step_key},
                       fence.generation)
-    return {"state": "completed", "duplicate": False}
+    return {"state": ReceiptState.COMPLETED, "duplicate": False}
 
 
 def fail(fence: LaunchFence, step_key: str, claim_id: str, code: str, error: str
@@ -152,16 +142,16 @@ def fail(fence: LaunchFence, step_key: str, claim_id: str, code: str, error: str
     """Record the step's failure: its receipt is free for the next claim."""
     with session_scope() as session:
         receipt, status = _held_for_settling(session, fence, step_key, claim_id)
-        if status == RECEIPT_FAILED:
-            return {"state": "failed", "duplicate": True}
+        if status == ReceiptState.FAILED:
+            return {"state": ReceiptState.FAILED, "duplicate": True}
         if status not in RECEIPT_HELD:
             raise ReceiptNotHeldError(f"the receipt of step {step_key[:200]!r} is "
                                       f"already {status}")
-        receipt.status = RECEIPT_FAILED
+        receipt.status = ReceiptState.FAILED
         receipt.code = code
         receipt.error = error
         receipt.updated_at = db_now()
-        ledger.append(session, fence.run_id, EV_STEP_FAILED,
+        ledger.append(session, fence.run_id, EventKind.STEP_FAILED,
                       {"key": step_key, "code": code,
                        "error": error[:1000]}, fence.generation)
-    return {"state": "failed", "duplicate": False}
+    return {"state": ReceiptState.FAILED, "duplicate": False}

@@ -14,10 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from models import WorkReceipt
-from tasks.constants import (
-    MAX_STEP_KEY_CHARS,
-    RECEIPT_HELD,
-)
+from tasks.constants import MAX_STEP_KEY_CHARS, RECEIPT_HELD, ReceiptState
 from tasks.parse.checks import check_name
 from tasks.store.db import ensure_schema_once, session_scope
 from tasks.workreceipts.keys import play_name
@@ -31,7 +28,7 @@ class ReceiptView:
     key: str
     play: str
     org_id: str
-    status: str
+    status: ReceiptState
     output: Any
     # The run that holds it (pending/running), computed it (completed) or last tried it.
     run_id: str
@@ -46,7 +43,7 @@ class ReceiptView:
 
 
 def _view(r: WorkReceipt) -> ReceiptView:
-    return ReceiptView(key=r.step_key, play=r.play, org_id=r.org_id, status=r.status,
+    return ReceiptView(key=r.step_key, play=r.play, org_id=r.org_id, status=ReceiptState(r.status),
                        output=r.output, run_id=r.owner_run_id, generation=r.owner_generation,
                        created_at=r.created_at, completed_at=r.completed_at,
                        expires_at=r.expires_at, updated_at=r.updated_at, code=r.code,

@@ -15,11 +15,11 @@ import pytest
 
 import tasks
 from tasks.constants import (
-    EV_PROGRESS,
     LABEL_GENERATION,
     LABEL_MANAGED,
     LABEL_RUN,
     RUNTIME_RUNNER_LOST,
+    EventKind,
 )
 from tasks.sandbox import SandboxSpec
 from tasks.sandbox.providers import REMOTE
@@ -108,7 +108,7 @@ def test_a_runner_killed_in_its_sandbox_is_lost_and_its_sandbox_deleted(
     with CLOUD[name](tmp_path) as double, worker_on(double, tmp_path) as _w:
         run_id = tasks.submit_run(PLAYS / "forever.py", input={}, org_id=org()).id
         # The play's first log line arrived through the gateway: the runner is up.
-        eventually(lambda: EV_PROGRESS in {e.kind for e in tasks.run_events(run_id)},
+        eventually(lambda: EventKind.PROGRESS in {e.kind for e in tasks.run_events(run_id)},
                    what="the runner to start", timeout=60)
         double.kill_runner(double.sandboxes()[0])
         result = tasks.RunHandle(run_id).wait(timeout=90)

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from pydantic import Field
 
 from models import EventDelivery
-from tasks.constants import EV_PROGRESS, MAX_EVENT_BYTES
+from tasks.constants import MAX_EVENT_BYTES, EventKind
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
 from tasks.security.tokens import Grant
 from tasks.store import ledger
@@ -51,7 +51,7 @@ def handle(grant: Grant, request: AppendRunEvents, ctx: Context) -> dict[str, An
             kept = request.events[:room]
             dropped = len(request.events) - len(kept) + request.dropped
             for item in kept:
-                ledger.append(session, grant.run_id, EV_PROGRESS,
+                ledger.append(session, grant.run_id, EventKind.PROGRESS,
                               {"message": item.message, "fields": item.fields},
                               grant.generation)
             attempt.progress_count += len(kept)

@@ -21,11 +21,10 @@ from pydantic import AfterValidator, Field, Strict, field_validator, model_valid
 from sqlalchemy.orm import Session
 
 from tasks.constants import (
-    SHEET_DONE,
-    SHEET_FAILED,
     SHEET_MAX_KEY_BYTES,
     SHEET_MAX_PAGE_ROWS,
     SHEET_MAX_ROW_BYTES,
+    SheetRowStatus,
 )
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
 from tasks.parse.untrusted import encoded_size
@@ -102,9 +101,11 @@ class WriteRow(ActionRequest):
 
     @model_validator(mode="after")
     def _shape(self) -> WriteRow:
-        if self.status == SHEET_DONE and self.error is not None:
+        # The wire schema keeps plain literals: its refusals name "done" and "failed".
+        if self.status == SheetRowStatus.DONE.value and self.error is not None:
             raise ValueError("a done row carries a result, not an error")
-        if self.status == SHEET_FAILED and (self.error is None or self.result is not None):
+        failed = self.status == SheetRowStatus.FAILED.value
+        if failed and (self.error is None or self.result is not None):
             raise ValueError("a failed row carries an error, not a result")
         _bounded(self.result, "a result")
         return self

@@ -13,10 +13,12 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import logging
 import math
 import re
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -36,6 +38,8 @@ from tasks.sandbox.providers.agentcore.errors import is_conflict
 
 if TYPE_CHECKING:
     from tasks.settings import Settings
+
+log = logging.getLogger("playrun.sandbox.agentcore")
 
 LABELS_FILE = f"{bootstrap.STATE_DIR}/labels.json"
 MAX_LABELS_BYTES = 64 << 10
@@ -195,16 +199,21 @@ class AgentCoreProvider:
             parsed = naming.parse_name(str(item.get("name") or ""))
             if parsed is None:
                 continue  # not a playrun sandbox
-            verdicts = [parsed.matches(k, v) for k, v in labels.items()]
-            if False in verdicts:
+            if False in [parsed.matches(k, v) for k, v in labels.items()]:
                 continue
-            session_id = _session_id(item.get("sessionId"))
+            session_id, created_at = item.get("sessionId"), item.get("createdAt")
+            if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+                log.warning("skipping a listed session with an unusable id: %.80r", session_id)
+                continue
             full = parsed.labels(labels)
             if full is None:
+                # Unread labels would let GC judge another fleet's sandbox: leave it be.
                 full = self._labels(session_id)
                 if full is None or any(full.get(k) != v for k, v in labels.items()):
                     continue
-            found.append(SandboxRef(self.name, session_id, full, _timestamp(item.get("createdAt"))))
+            # No usable time reads as young: GC's grace keeps it rather than guess its age.
+            when = created_at.timestamp() if isinstance(created_at, datetime) else time.time()
+            found.append(SandboxRef(self.name, session_id, full, when))
         return found
 
     def _sessions(self) -> Iterator[dict[str, Any]]:
@@ -244,7 +253,7 @@ class AgentCoreProvider:
         return {str(k): str(v) for k, v in doc.items()}
 
 
-def _lister(request: dict[str, Any]) -> Any:
+def _lister(request: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
     return lambda client: client.list_code_interpreter_sessions(**request)
 
 

@@ -37,10 +37,19 @@ def _option(config: pytest.Config, name: str) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def playrun_stack(pytestconfig: pytest.Config) -> Iterator[Stack]:
-    """A started Stack (gateway, one worker, beat); submit with stack.submit / stack.run."""
+def playrun_session_stack(pytestconfig: pytest.Config) -> Iterator[Stack]:
+    """The session's Stack (gateway, one worker, beat), started on first use."""
     with Stack(
         database=_option(pytestconfig, "playrun_database_url") or "sqlite",
         redis=_option(pytestconfig, "playrun_redis_url"),
+        bind=False,
     ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def playrun_stack(playrun_session_stack: Stack) -> Iterator[Stack]:
+    """The session's Stack, with tasks.submit_run, get_run, ... pointed at it during the
+    test (and back after, so other tests keep their own settings)."""
+    with playrun_session_stack.bound() as stack:
         yield stack

@@ -34,6 +34,7 @@ from tasks.testing.servers import (
 
 if TYPE_CHECKING:
     from tasks.api import RunHandle, RunView
+    from tasks.store.ledger import Event
 
 # Marks every process a stack starts (children inherit it): what close() checks is gone.
 MARKER = "PLAYRUN_STACK_ID"
@@ -293,13 +294,14 @@ class Stack:
         _reload_settings()
 
     @contextlib.contextmanager
-    def _bound(self) -> Iterator[None]:
+    def bound(self) -> Iterator[Self]:
+        """Bound for the block (and as it was after): the pytest fixture's per-test use."""
         if self._saved is not None:
-            yield
+            yield self
             return
         self.bind_here()
         try:
-            yield
+            yield self
         finally:
             self.unbind()
 
@@ -314,14 +316,14 @@ class Stack:
         """tasks.submit_run on the stack."""
         import tasks
 
-        with self._bound():
+        with self.bound():
             return tasks.submit_run(play, input, org_id=org_id, idempotency_key=idempotency_key)
 
     def submit_many(self, runs: list[dict[str, Any]]) -> list[RunHandle]:
         """tasks.submit_runs on the stack (items: play, org_id, input, idempotency_key)."""
         import tasks
 
-        with self._bound():
+        with self.bound():
             return tasks.submit_runs(runs)
 
     def wait(self, run: RunHandle | str, timeout: float = 60.0) -> RunView:
@@ -329,9 +331,16 @@ class Stack:
         import tasks
 
         run_id = run if isinstance(run, str) else run.id
-        with self._bound():
+        with self.bound():
             tasks.RunHandle(run_id).wait(timeout)
             return tasks.get_run(run_id)
+
+    def events(self, run: RunHandle | str) -> list[Event]:
+        """The run's ledger (tasks.run_events)."""
+        import tasks
+
+        with self.bound():
+            return tasks.run_events(run if isinstance(run, str) else run.id)
 
     def run(
         self, play: str | Path, input: Any = None, *, org_id: str = "test", timeout: float = 60.0

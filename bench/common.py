@@ -56,8 +56,9 @@ def claim_redis_db(redis_base: str, preferred: int) -> int:
 
 
 @contextmanager
-def bench_env(redis_db: int, *, pg_base: str | None = None,
-              redis_base: str | None = None) -> Iterator[dict[str, str]]:
+def bench_env(
+    redis_db: int, *, pg_base: str | None = None, redis_base: str | None = None
+) -> Iterator[dict[str, str]]:
     """Create and migrate a database, point PLAYRUN_* at it and a free Redis db (redis_db
     if no other bench holds it); clean up after.
     pg_base / redis_base: another server than BENCH_PG / BENCH_REDIS (a private one)."""
@@ -99,8 +100,10 @@ def pct(values: list[float], p: float) -> float:
 
 
 def summary(values: list[float]) -> str:
-    return (f"p50 {pct(values, 50) * 1000:8.1f} ms  p99 {pct(values, 99) * 1000:8.1f} ms  "
-            f"mean {statistics.mean(values) * 1000:8.1f} ms")
+    return (
+        f"p50 {pct(values, 50) * 1000:8.1f} ms  p99 {pct(values, 99) * 1000:8.1f} ms  "
+        f"mean {statistics.mean(values) * 1000:8.1f} ms"
+    )
 
 
 # --- child processes (gateway, workers, runner hosts): tasks.testing's --------------------
@@ -119,8 +122,10 @@ def gateway_env(directory: Path) -> dict[str, str]:
 
 def stop_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so every `finally` stops its children."""
+
     def handler(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)
 
 
@@ -142,11 +147,25 @@ def start_gateway(env: dict[str, str], log_dir: Path, name: str = "gateway") -> 
     return _ready(Gateway(env, log_dir / f"{name}.log", name=name), 60)
 
 
-def start_worker(env: dict[str, str], log_dir: Path, name: str, *, concurrency: int = 2,
-                 beat: bool = False, loglevel: str = "INFO",
-                 extra: tuple[str, ...] = ()) -> Worker:
-    worker = Worker(env, log_dir / f"{name}.log", name=f"{name}@bench",
-                    concurrency=concurrency, beat=beat, loglevel=loglevel, extra=extra)
+def start_worker(
+    env: dict[str, str],
+    log_dir: Path,
+    name: str,
+    *,
+    concurrency: int = 2,
+    beat: bool = False,
+    loglevel: str = "INFO",
+    extra: tuple[str, ...] = (),
+) -> Worker:
+    worker = Worker(
+        env,
+        log_dir / f"{name}.log",
+        name=f"{name}@bench",
+        concurrency=concurrency,
+        beat=beat,
+        loglevel=loglevel,
+        extra=extra,
+    )
     worker.name = name  # what reports call it; its Celery node name stays NAME@bench
     return _ready(worker, 90)
 
@@ -167,7 +186,7 @@ def tree_pids(pid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry))
     out, todo = [], [pid]
     while todo:
@@ -203,7 +222,7 @@ def tree_cpu(pid: int) -> float:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
 
@@ -223,7 +242,7 @@ def cpu_matching(text: str) -> float:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
 
@@ -233,8 +252,9 @@ def xact_commits(datname: str) -> int:
     reading itself is not counted)."""
     admin = PG_BASE.replace("+psycopg", "") + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
-        row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s",
-                           (datname,)).fetchone()
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (datname,)
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -257,26 +277,62 @@ def private_servers(log_dir: Path, pg_options: tuple[str, ...] = ()) -> Iterator
         user = pwd.getpwnam("postgres")
         os.chown(data, user.pw_uid, user.pw_gid)
         os.chmod(log_dir, 0o755)
-        as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
-                   "--init-groups"]
+        as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups"]
     with open(log_dir / "initdb.log", "wb") as log:
-        subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust",
-                        "-E", "utf8"], stdout=log, stderr=subprocess.STDOUT, cwd=data,
-                       check=True, timeout=120)
+        subprocess.run(
+            [*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "utf8"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=data,
+            check=True,
+            timeout=120,
+        )
     pg_port, redis_port = free_port(), free_port()
     servers = [
-        start_child("postgres", [*as_user, postgres, "-D", str(data), "-p", str(pg_port),
-                           "-c", "listen_addresses=127.0.0.1",
-                           "-c", f"unix_socket_directories={data}",
-                           *pg_options], dict(os.environ), log_dir),
-        start_child("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1",
-                        "--save", "", "--appendonly", "no", "--dir", str(log_dir)],
-              dict(os.environ), log_dir)]
+        start_child(
+            "postgres",
+            [
+                *as_user,
+                postgres,
+                "-D",
+                str(data),
+                "-p",
+                str(pg_port),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                f"unix_socket_directories={data}",
+                *pg_options,
+            ],
+            dict(os.environ),
+            log_dir,
+        ),
+        start_child(
+            "redis",
+            [
+                redis_server,
+                "--port",
+                str(redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(log_dir),
+            ],
+            dict(os.environ),
+            log_dir,
+        ),
+    ]
     try:
         servers[0].wait_for("ready to accept connections", timeout=60)
         servers[1].wait_for("Ready to accept connections", timeout=60)
-        yield (f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}",
-               f"redis://127.0.0.1:{redis_port}")
+        yield (
+            f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}",
+            f"redis://127.0.0.1:{redis_port}",
+        )
     finally:
         for server in servers:
             server.stop()

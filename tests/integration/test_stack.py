@@ -31,20 +31,22 @@ def private_database() -> str:
 def database_exists(url: str) -> bool:
     name = url.rsplit("/", 1)[1].split("?")[0]
     with psycopg.connect(admin_url(PG_BASE), autocommit=True) as conn:
-        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
-                            (name,)).fetchone() is not None
+        return (
+            conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            is not None
+        )
 
 
-def test_a_stack_on_this_machines_servers_runs_a_play_and_leaves_nothing(
-        tmp_path: Path) -> None:
+def test_a_stack_on_this_machines_servers_runs_a_play_and_leaves_nothing(tmp_path: Path) -> None:
     url = private_database()
-    stack = Stack(database=url, create_database=True, redis=TEST_REDIS_URL,
-                  home=tmp_path / "stack")
+    stack = Stack(database=url, create_database=True, redis=TEST_REDIS_URL, home=tmp_path / "stack")
     with stack:
         assert database_exists(url)
         view = stack.run(HELLO, {"name": "Lin"}, org_id="stack-test")
-        assert (view.status, view.output) == ("succeeded",
-                                              {"greeting": "Hello, Lin!", "shout": "LIN"})
+        assert (view.status, view.output) == (
+            "succeeded",
+            {"greeting": "Hello, Lin!", "shout": "LIN"},
+        )
         # This process's public API is on the stack while it runs.
         assert tasks.get_run(view.id).org_id == "stack-test"
         started = stack.pids()
@@ -60,8 +62,13 @@ def test_a_stack_on_this_machines_servers_runs_a_play_and_leaves_nothing(
 
 def test_a_worker_that_cannot_start_is_reported_and_nothing_is_left(tmp_path: Path) -> None:
     url = private_database()
-    stack = Stack(database=url, create_database=True, redis=TEST_REDIS_URL,
-                  home=tmp_path / "stack", settings={"PLAYRUN_LEASE_SECONDS": "-1"})
+    stack = Stack(
+        database=url,
+        create_database=True,
+        redis=TEST_REDIS_URL,
+        home=tmp_path / "stack",
+        settings={"PLAYRUN_LEASE_SECONDS": "-1"},
+    )
     with pytest.raises(tasks.PlayrunError) as caught:
         stack.start()
     assert caught.value.code == "PROCESS_NOT_READY"
@@ -74,8 +81,14 @@ def test_a_worker_that_cannot_start_is_reported_and_nothing_is_left(tmp_path: Pa
 def test_a_child_is_ready_by_its_log_and_stops_with_its_whole_group(tmp_path: Path) -> None:
     # A shell with a background child of its own: stop() must end both.
     script = "sleep 300 & echo $! > grandchild; echo serving; wait"
-    child = Child("sh", ["sh", "-c", script], dict(os.environ), tmp_path / "sh.log",
-                  cwd=tmp_path, ready_text="serving")
+    child = Child(
+        "sh",
+        ["sh", "-c", script],
+        dict(os.environ),
+        tmp_path / "sh.log",
+        cwd=tmp_path,
+        ready_text="serving",
+    )
     with child:
         grandchild = int((tmp_path / "grandchild").read_text())
         assert pid_alive(grandchild) and child.running
@@ -89,8 +102,13 @@ def test_a_child_is_ready_by_its_log_and_stops_with_its_whole_group(tmp_path: Pa
 
 
 def test_a_child_that_exits_says_so_with_its_log(tmp_path: Path) -> None:
-    child = Child("fails", [sys.executable, "-c", "print('no config'); raise SystemExit(3)"],
-                  dict(os.environ), tmp_path / "fails.log", ready_text="ready")
+    child = Child(
+        "fails",
+        [sys.executable, "-c", "print('no config'); raise SystemExit(3)"],
+        dict(os.environ),
+        tmp_path / "fails.log",
+        ready_text="ready",
+    )
     with pytest.raises(tasks.PlayrunError) as caught:
         child.start().wait_ready()
     assert caught.value.code == "PROCESS_NOT_READY"

@@ -31,6 +31,12 @@ class ConfigurationError(PlayrunError):
     code = "CONFIG_INVALID"
 
 
+class ProcessNotReadyError(PlayrunError):
+    """A process a stack started exited, or did not say it was ready in time."""
+
+    code = "PROCESS_NOT_READY"
+
+
 class SchemaNotCurrentError(PlayrunError):
     """The database is not at the Alembic head revision."""
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.embedded import Stack, free_port
 from tasks.constants import CLI_NO_WORKER_HINT_S
+from tasks.host.processes import free_port
+from tasks.testing import Stack
 from tests.conftest import ROOT
 
 HELLO = ROOT / "examples" / "plays" / "hello.py"
@@ -58,26 +59,15 @@ def sqlite_env(tmp: Path, **extra: str) -> dict[str, str]:
 def no_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A live Redis and a migrated database, and nobody consuming the queue."""
     home = tmp_path_factory.mktemp("noworker")
-    stack = Stack(home)
-    try:
-        stack.start_redis()
-        yield sqlite_env(home, PLAYRUN_REDIS_URL=stack.env["PLAYRUN_REDIS_URL"])
-    finally:
-        stack.stop()
+    with Stack(home=home, workers=0, beat=False, gateway=False, bind=False) as stack:
+        yield sqlite_env(home, PLAYRUN_REDIS_URL=stack.redis_url)
 
 
 @pytest.fixture(scope="module")
 def with_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     home = tmp_path_factory.mktemp("withworker")
-    stack = Stack(home)
-    try:
-        stack.start_redis()
-        env = sqlite_env(home, **stack.env)
-        stack.start_gateway()
-        stack.start_celery("worker", "--concurrency=2")
-        yield env
-    finally:
-        stack.stop()
+    with Stack(home=home, beat=False, bind=False) as stack:
+        yield sqlite_env(home, **stack.env)
 
 
 @pytest.mark.slow

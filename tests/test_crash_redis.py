@@ -4,6 +4,7 @@ is shared): queued and in-flight runs are neither lost nor stuck."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tasks
-from tasks.cli.embedded import Stack
+from tasks.testing import RedisServer
 from tests.conftest import PLAYS, ROOT, Worker, worker_env
 from tests.helpers import eventually, kinds
 from tests.support import FAST_RECOVERY
@@ -55,27 +56,11 @@ class Supervisor:
             w.stop()
 
 
-class PrivateRedis:
-    def __init__(self, home: Path) -> None:
-        self.stack = Stack(home)
-        self.url = f"redis://127.0.0.1:{self.stack.port}/0"
-
-    def start(self) -> None:
-        self.stack.start_redis()
-
-    def kill(self) -> None:
-        for _, proc in self.stack.procs:
-            proc.kill()
-            proc.wait()
-        self.stack.procs.clear()
-
-
 @pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    r = PrivateRedis(tmp_path)
-    r.start()
-    yield r
-    r.stack.stop()
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path).start().wait_ready()
+    yield server
+    server.stop()
 
 
 def submit(env: dict[str, str], play: Path, input: str, *, broker_up: bool = True) -> str:
@@ -94,18 +79,18 @@ def submit(env: dict[str, str], play: Path, input: str, *, broker_up: bool = Tru
 
 
 def test_redis_restart_mid_run_and_while_submitting(pg_url: str,
-                                                     private_redis: PrivateRedis) -> None:
-    env = worker_env(PLAYRUN_REDIS_URL=private_redis.url, **RECOVERY)
+                                                     private_redis: RedisServer) -> None:
+    env = worker_env(PLAYRUN_REDIS_URL=f"{private_redis.url}/0", **RECOVERY)
     fleet = Supervisor(env)
     try:
         fleet.start()
         in_flight = submit(env, PLAYS / "sleepy.py", '{"seconds": 3}')
         eventually(lambda: "sandbox.live" in kinds(in_flight), what="the run to start")
-        private_redis.kill()  # every queued and unacked message is gone with it
+        private_redis.stop(signal.SIGKILL)  # every queued and unacked message is gone with it
         # Submitted while the broker is down: the commit stands, the publish fails.
         while_down = submit(env, ROOT / "examples" / "plays" / "noop.py", "{}",
                             broker_up=False)
-        private_redis.start()
+        private_redis.start().wait_ready()
         for run_id in (in_flight, while_down):
             eventually(lambda rid=run_id: tasks.get_run(rid).status == "succeeded",
                        timeout=90, what=f"run {run_id} to succeed after the restart: "

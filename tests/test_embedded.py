@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.embedded import Stack
+from tasks.testing import Stack
 from tests.conftest import PLAYS, ROOT
 from tests.helpers import pids_with_env
 
@@ -63,18 +63,8 @@ def test_the_leftover_check_sees_what_a_child_inherits(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def sqlite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    home = tmp_path_factory.mktemp("embedded")
-    stack = Stack(home)
-    try:
-        stack.start_redis()
-        env = clean_env(**stack.env)
-        subprocess.run([sys.executable, "-m", "tasks.cli.main", "db", "upgrade"], env=env,
-                       check=True, cwd=str(ROOT), capture_output=True)
-        stack.start_gateway()
-        stack.start_celery("worker", "--concurrency=2")
-        yield env
-    finally:
-        stack.stop()
+    with Stack(home=tmp_path_factory.mktemp("embedded"), beat=False, bind=False) as stack:
+        yield clean_env(**stack.env)
 
 
 def submit(env: dict[str, str], play: Path, input: str = "{}") -> dict[str, object]:

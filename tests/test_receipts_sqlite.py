@@ -4,7 +4,6 @@ gateway as child processes, driven through the CLI as a user would."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.embedded import Stack
+from tasks.testing import Stack
 from tests.conftest import PLAYS, ROOT
 from tests.test_embedded import clean_env
 
@@ -21,26 +20,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    stack = Stack(tmp_path_factory.mktemp("receipts-sqlite"))
-    try:
-        stack.start_redis()
-        env = clean_env(**stack.env)
-        subprocess.run([sys.executable, "-m", "tasks.cli.main", "db", "upgrade"], env=env,
-                       check=True, cwd=str(ROOT), capture_output=True)
-        stack.start_gateway()
-        # Process isolation: the side-effect counter is a file on the host.
-        saved = os.environ.get("PLAYRUN_SANDBOX_ISOLATION")
-        os.environ["PLAYRUN_SANDBOX_ISOLATION"] = "process"
-        try:
-            stack.start_celery("worker", "--concurrency=2")
-        finally:
-            if saved is None:
-                del os.environ["PLAYRUN_SANDBOX_ISOLATION"]
-            else:
-                os.environ["PLAYRUN_SANDBOX_ISOLATION"] = saved
-        yield env
-    finally:
-        stack.stop()
+    # Process isolation: the side-effect counter is a file on the host.
+    with Stack(home=tmp_path_factory.mktemp("receipts-sqlite"), beat=False, bind=False,
+               settings={"PLAYRUN_SANDBOX_ISOLATION": "process"}) as stack:
+        yield clean_env(**stack.env)
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,7 @@ from typing import Any
 from tasks.cli.embedded import Stack
 from tasks.cli.output import console, live_status
 from tasks.constants import DEV_STATE_FILE
-from tasks.errors import ConfigurationError
+from tasks.errors import ConfigurationError, NoStackError
 from tasks.host.processes import free_port, pid_alive
 
 # What a stack started elsewhere decides for this process; nothing else is taken over.
@@ -73,6 +73,20 @@ def apply_state(environ: dict[str, str] | Any = os.environ) -> bool:
     url = get_settings().redis_url
     app.conf.update(broker_url=url, result_backend=url)
     return True
+
+
+def require_stack(environ: dict[str, str] | Any = os.environ) -> None:
+    """NoStackError unless a database is configured or the default one was made on purpose
+    (`playrun db upgrade`): reading the default would create an empty file and fail on it."""
+    if "PLAYRUN_DATABASE_URL" in environ:
+        return
+    default = home() / "playrun.db"
+    with contextlib.suppress(OSError):
+        if default.stat().st_size > 0:
+            return
+    raise NoStackError("no playrun stack is configured or running: start one with "
+                       "`playrun dev` (in another terminal), or set PLAYRUN_DATABASE_URL "
+                       "(and PLAYRUN_REDIS_URL) to yours")
 
 
 def _port_free(port: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -13,6 +14,7 @@ from rich.console import Console
 from tasks.cli.embedded import Stack
 from tasks.cli.output import console as plain_console
 from tasks.cli.output import event_line, live_status
+from tasks.cli.tracebacks import error_lines
 from tasks.constants import EventKind, RunStatus
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plays" / "hello.py"
@@ -40,6 +42,11 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
             stack.start_gateway()
             stack.start_celery("worker", "--concurrency=2")
             stack.start_celery("beat")
+            rows = stack.banner()
+        label = ""
+        for row_label, value in rows:  # unindented: indented lines are the ledger's
+            label = row_label or label
+            console.print(f"{label:<10}{value}", markup=False)
         import tasks
 
         handle = tasks.submit_run(play, input={"name": name}, org_id="demo",
@@ -47,8 +54,14 @@ def run_demo(play: Path = SAMPLE, name: str = "Ada", timeout: float = 120.0,
         console.print(f"[bold]run[/bold] {handle.id} submitted ({play.name})")
         view = _follow(console, handle.id, timeout)
         style = "green" if view.status == RunStatus.SUCCEEDED else "red"
-        console.print(f"[bold {style}]{view.status}[/bold {style}] output={view.output!r}"
-                      + (f" code={view.code} error={view.error}" if view.code else ""))
+        console.print(f"[bold {style}]{view.status}[/bold {style}]")
+        if view.output is not None:
+            console.print(f"output {json.dumps(view.output)}", markup=False)
+        if view.code:
+            first, *more = error_lines(str(view.error or ""), view.play_path) or [""]
+            console.print(f"error {view.code}: {first}", markup=False)
+            for line in more:
+                console.print(f"  {line}", markup=False)
         return 0 if view.status == RunStatus.SUCCEEDED else 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; stopping what the demo started[/yellow]")

@@ -17,11 +17,10 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from tasks.cli.embedded import Stack
+from tasks.cli.embedded import Stack, wait_listening
 from tasks.cli.output import console, live_status
 from tasks.constants import DEV_STATE_FILE
 from tasks.errors import ConfigurationError, NoStackError
@@ -98,17 +97,6 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _wait_listening(port: int, proc: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        with socket.socket() as sock, contextlib.suppress(OSError):
-            sock.settimeout(0.5)
-            sock.connect(("127.0.0.1", port))
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _start_dashboard(stack: Stack, env: dict[str, str]) -> str | None:
     port = DASHBOARD_PORT if _port_free(DASHBOARD_PORT) else free_port()
     env["PLAYRUN_DASHBOARD_ADDR"] = env.get("PLAYRUN_DASHBOARD_ADDR") or f"127.0.0.1:{port}"
@@ -117,7 +105,7 @@ def _start_dashboard(stack: Stack, env: dict[str, str]) -> str | None:
     os.environ.update(env)
     proc = stack.start_cli("dashboard", "dashboard")
     port = int(env["PLAYRUN_DASHBOARD_ADDR"].rsplit(":", 1)[1])
-    if not _wait_listening(port, proc, _READY_S):
+    if not wait_listening(port, proc, _READY_S):
         return None
     return f"http://{env['PLAYRUN_DASHBOARD_ADDR']}"
 
@@ -221,12 +209,14 @@ def _start(stack: Stack, out: Any, with_dashboard: bool) -> dict[str, str]:
     stack.start_gateway()
     stack.start_celery("worker", "--concurrency=2")
     stack.start_celery("beat")
-    rows = [("database", env["PLAYRUN_DATABASE_URL"]), ("redis", env["PLAYRUN_REDIS_URL"]),
-            ("gateway", env["PLAYRUN_GATEWAY_URL"]), ("logs", f"{stack.home}/*.log")]
+    rows = stack.banner()
     if with_dashboard:
         url = _start_dashboard(stack, env)
         rows.append(("dashboard", f"{url}  (token {env['PLAYRUN_DASHBOARD_TOKEN']})" if url
                      else f"did not start; see {stack.home}/dashboard.log"))
+    flower = stack.start_flower()
+    if flower is not None:
+        rows.append(("flower", flower))
     for name, value in rows:
         out.print(f"  {name:<10}{value}", markup=False)
     return env

@@ -44,7 +44,10 @@ def test_playrun_demo_runs_the_sample_play_and_stops_everything(tmp_path: Path) 
     admitted = ledger[kinds.index("run.admitted")]
     assert len(admitted) > 80 and re.search(r'play_digest="[0-9a-f]{64}"', admitted)
     assert "\x1b[" not in out and "\r" not in out
-    assert "Hello, Ada!" in out
+    assert 'output {"greeting": "Hello, Ada!", ' in proc.stdout  # JSON, not a Python repr
+    assert re.search(r"^isolation (strict|process): ", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^metrics   http://127\.0\.0\.1:\d+/metrics  \(worker\)$", proc.stdout,
+                     re.M), proc.stdout
     # Everything it started is gone: no celery (pool children included) or valkey left.
     assert pids_with_env("HOME", str(tmp_path)) == []
 

@@ -81,13 +81,15 @@ def test_sheet_show_counts_rows_by_status_and_version(
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
     assert f"sheet companies of play {PLAY_NAME}, org {org}: {ROWS} rows" in out
-    assert re.search(r"done\s*│\s*4995", out) and re.search(r"failed\s*│\s*5\b", out)
-    assert re.search(r"pending\s*│\s*0\b", out)
-    assert re.search(rf"{result.output['write_version']}\s*│\s*{run_id}\s*│\s*stable\s*│"
-                     rf"\s*{ROWS}", out)
+    # Piped: tab-separated rows, every id whole.
+    assert re.search(r"^done\t4995$", out, re.M) and re.search(r"^failed\t5$", out, re.M)
+    assert re.search(r"^pending\t0$", out, re.M)
+    assert re.search(rf"^{result.output['write_version']}\t{run_id}\tstable\t{ROWS}$", out,
+                     re.M)
     assert "c00000.com" in out and "ValueError: cannot enrich" in out
     missing = playrun("sheet", "show", "nope", "--org", org, "--play", PLAY_NAME)
-    assert missing.returncode == 2 and "no sheet 'nope'" in missing.stderr
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("error SHEET_NOT_FOUND: no sheet 'nope'"), missing.stderr
 
 
 def test_sheet_export_writes_csv_and_jsonl(filled: tuple[str, str, tasks.RunResult]) -> None:

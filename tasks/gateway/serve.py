@@ -73,7 +73,9 @@ async def _serve(settings: Settings) -> None:
     log.info("gateway listening on http://%s:%s and %s", host, port, socket_path)
 
     async def chmod_when_bound() -> None:
-        while not uds.started:
+        while not (tcp.started and uds.started):  # "ready" only once both listen
+            if tcp.should_exit or uds.should_exit:
+                return
             await asyncio.sleep(0.01)
         os.chmod(socket_path, 0o666)
         print(f"playrun gateway ready on http://{host}:{port} and unix:{socket_path}",

@@ -117,7 +117,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> Iterator[list[tupl
 
     monkeypatch.setattr(policy, "set_policy", set_policy)
     monkeypatch.setattr(capacity, "set_limit", lambda org, n: calls.append(("limit", org, n)))
-    monkeypatch.setattr(gc, "collect", lambda _p, grace: calls.append(("gc", grace))
+    monkeypatch.setattr(gc, "collect", lambda _p, grace, **_kw: calls.append(("gc", grace))
                         or gc.GcReport())
     yield calls
 

@@ -106,7 +106,7 @@ RUNNER_CLIENT_FILE: Final = "playrun_client.py"
 RUNNER_STEPS_FILE: Final = "playrun_steps.py"
 RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 
-# The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
+# The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
 SCHEMA_REVISION: Final = "0009"
 
 # Celery queue and task names.

@@ -140,6 +140,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             reporter.write_line(PRIVATE_SERVERS)
 
 
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test is marked with its tier, the folder it lives in (`-m unit` and so on)."""
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        parts = item.path.resolve().relative_to(tests_dir).parts
+        if parts and parts[0] in TIERS:
+            item.add_marker(parts[0])
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     yield TEST_REDIS_URL

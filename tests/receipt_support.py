@@ -17,7 +17,7 @@ from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tests.conftest import ROOT, Gateway
 from tests.support import must_claim
-from tests.test_gateway import Launched, call
+from tests.integration.test_gateway import Launched, call
 
 ORG_PREFIX = "rcg-"
 NOOP = ROOT / "examples" / "plays" / "noop.py"

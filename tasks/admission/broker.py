@@ -6,7 +6,7 @@ merging, the result backend, kombu's publish machinery), more than the transacti
 that admitted the run. Here Celery still builds each task message (`as_task_v2`, so
 headers and body are exactly what a worker expects), and we write the envelope kombu's
 Redis transport would write (an LPUSH of JSON onto the queue's list) for the whole
-batch in one pipeline. tests/test_submit_runs.py checks byte for byte, but for the
+batch in one pipeline. tests/integration/test_submit_runs.py checks byte for byte, but for the
 per-message tags, that this envelope equals what kombu's own producer writes.
 
 Any other broker, or a Redis transport with a key prefix, uses kombu's producer

@@ -11,7 +11,7 @@ import textwrap
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = textwrap.dedent("""
     import os, socket, sys

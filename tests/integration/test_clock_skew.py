@@ -17,7 +17,7 @@ from tasks.sandbox import SandboxProvider, SandboxRef
 from tasks.settings import get_settings
 from tests.conftest import Gateway
 from tests.support import must_claim, new_run
-from tests.test_gateway import call
+from tests.integration.test_gateway import call
 
 
 class Capture:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-RUNNER = Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py"
+RUNNER = Path(__file__).resolve().parents[2] / "tasks" / "execution" / "runner.py"
 
 
 def run_play(

@@ -26,7 +26,7 @@ def test_a_session_whose_servers_do_not_answer_starts_its_own() -> None:
     env["PLAYRUN_TEST_PG"] = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}"
     env["PLAYRUN_TEST_REDIS"] = f"redis://127.0.0.1:{free_port()}"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/bare_machine_probe.py"], env=env, cwd=str(ROOT),
+                           "tests/e2e/bare_machine_probe.py"], env=env, cwd=str(ROOT),
                           capture_output=True, text=True, timeout=280)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.test_runner import failed, run_play
+from tests.unit.test_runner import failed, run_play
 
-STEPS = Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner_steps.py"
+STEPS = Path(__file__).resolve().parents[2] / "tasks" / "execution" / "runner_steps.py"
 
 
 def run_steps(directory: Path, body: str) -> dict[str, Any]:

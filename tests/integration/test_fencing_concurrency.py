@@ -56,7 +56,7 @@ from tests.support import (
     wait_lease_expired,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 SPAWN = mp.get_context("spawn")
 

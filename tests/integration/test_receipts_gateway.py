@@ -36,7 +36,7 @@ from tests.receipt_support import (
     step_events,
 )
 from tests.support import close_open_runs, must_claim, supersede
-from tests.test_gateway import Launched, call, refused
+from tests.integration.test_gateway import Launched, call, refused
 
 
 @pytest.fixture(scope="module", autouse=True)

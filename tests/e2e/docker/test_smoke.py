@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
-from tests.docker.conftest import PG, engine_problem
+from tests.e2e.docker.conftest import PG, engine_problem
 
 PROBLEM = engine_problem()
 pytestmark = [pytest.mark.docker, pytest.mark.slow,

@@ -22,7 +22,7 @@ from tasks.sandbox import (
     get_provider,
 )
 
-RUNNER = (Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py").read_bytes()
+RUNNER = (Path(__file__).resolve().parents[2] / "tasks" / "execution" / "runner.py").read_bytes()
 SPEC = SandboxSpec(labels={"playrun": "1"}, files={})
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tasks.cli.embedded import Stack
 from tests.conftest import PLAYS, ROOT
-from tests.test_embedded import clean_env
+from tests.e2e.test_embedded import clean_env
 
 pytestmark = pytest.mark.slow
 

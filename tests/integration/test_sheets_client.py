@@ -52,7 +52,7 @@ from tests.sheet_support import (
 )
 from tests.support import close_open_runs, supersede
 
-EXECUTION = Path(__file__).resolve().parents[1] / "tasks" / "execution"
+EXECUTION = Path(__file__).resolve().parents[2] / "tasks" / "execution"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pwd
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,7 +20,7 @@ from typing import Any
 import psycopg
 import redis
 
-from tasks.host.processes import pid_alive  # import tasks reads no setting
+from tasks.host.processes import die_with_parent, free_port, pid_alive
 
 PG_BASE = os.environ.get("BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
@@ -109,12 +107,6 @@ def summary(values: list[float]) -> str:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def gateway_env(directory: Path) -> dict[str, str]:
     """A private gateway address: a free TCP port and a socket in our own directory (never
     the shared defaults, where another checkout's gateway may be listening)."""
@@ -122,10 +114,6 @@ def gateway_env(directory: Path) -> dict[str, str]:
         "PLAYRUN_GATEWAY_URL": f"http://127.0.0.1:{free_port()}",
         "PLAYRUN_GATEWAY_SOCKET": str(directory / "gateway-sock" / "gateway.sock"),
     }
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed bench takes it along
 
 
 def stop_on_sigterm() -> None:
@@ -149,7 +137,7 @@ class Child:
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(self.args, env=self.env, cwd=str(ROOT), stdout=self.log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent)
 
     @property
     def pid(self) -> int:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 
 import tasks
-from tests.conftest import PG_BASE, REDIS_BASE, Worker, worker_env
-from tests.support import NOOP
+from tests.support.paths import NOOP
+from tests.support.session import PG_BASE, REDIS_BASE
+from tests.support.stack import Worker, worker_env
 
 
 def test_a_run_on_the_private_servers(pg_url: str, redis_url: str) -> None:

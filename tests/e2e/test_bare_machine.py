@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tasks.host.processes import free_port
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 

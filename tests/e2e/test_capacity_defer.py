@@ -12,8 +12,10 @@ import tasks
 from tasks.acquisition import capacity
 from tasks.acquisition.startrate import StartRateLimiter, rules_for
 from tasks.settings import Settings
-from tests.conftest import PLAYS, ROOT, TEST_REDIS_URL, Worker, worker_env
-from tests.helpers import eventually
+from tests.support.helpers import eventually
+from tests.support.paths import PLAYS, ROOT
+from tests.support.session import TEST_REDIS_URL
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 

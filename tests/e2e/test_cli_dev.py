@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tasks.cli.dev import pgdata_dir
-from tests.conftest import ROOT
-from tests.helpers import eventually, pids_with_env
+from tests.support.helpers import eventually, pids_with_env
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 

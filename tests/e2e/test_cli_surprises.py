@@ -20,7 +20,7 @@ import pytest
 
 from tasks.cli.embedded import Stack, free_port
 from tasks.constants import CLI_NO_WORKER_HINT_S
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 HELLO = ROOT / "examples" / "plays" / "hello.py"
 # A zoned ISO 8601 time, as every ledger line starts.

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
 EXAMPLE_ENV = ROOT / ".env.example"

@@ -15,9 +15,10 @@ import pytest
 
 import tasks
 from tasks.cli.embedded import Stack
-from tests.conftest import PLAYS, ROOT, Worker, worker_env
-from tests.helpers import eventually, kinds
-from tests.support import FAST_RECOVERY
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import PLAYS, ROOT
+from tests.support.runs import FAST_RECOVERY
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 RECOVERY = {

@@ -22,18 +22,12 @@ import pytest
 
 import tasks
 from tasks.acquisition import capacity
-from tests.cdp import Browser, Tab, chromium_path
-from tests.conftest import (
-    GATEWAY_PORT,
-    PLAYS,
-    ROOT,
-    Worker,
-    die_with_parent,
-    free_port,
-    stop_group,
-    worker_env,
-)
-from tests.helpers import eventually, kinds
+from tasks.host.processes import die_with_parent, free_port, stop_group
+from tests.support.cdp import Browser, Tab, chromium_path
+from tests.support.env import GATEWAY_PORT
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import PLAYS, ROOT
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 HELLO = ROOT / "examples" / "plays" / "hello.py"

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import tasks
-from tests.conftest import PLAYS, Gateway, Worker, worker_env
-from tests.helpers import eventually, kinds
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import PLAYS
+from tests.support.stack import Gateway, Worker, worker_env
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,9 @@ import pytest
 
 import tasks
 from tasks.sandbox.runtime import provider
-from tests.conftest import PLAYS, Worker
-from tests.helpers import eventually, kinds
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import PLAYS
+from tests.support.stack import Worker
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,10 @@ from tasks.errors import (
     RunNotFoundError,
     RunWaitTimeoutError,
 )
-from tests.conftest import PLAYS, ROOT, SANDBOX_ROOT, Worker
-from tests.helpers import eventually, kinds
+from tests.support.env import SANDBOX_ROOT
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import PLAYS, ROOT
+from tests.support.stack import Worker
 
 pytestmark = pytest.mark.slow
 HELLO = ROOT / "examples" / "plays" / "hello.py"

@@ -22,9 +22,11 @@ from tasks.constants import KEY_START_RATE
 from tasks.execution.launch import record_launch
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
-from tests.conftest import PLAYS, ROOT, Worker, _psql, pg_database, worker_env
-from tests.helpers import eventually, kinds
-from tests.support import FAST_RECOVERY, HOST_FILES
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import PLAYS, ROOT
+from tests.support.runs import FAST_RECOVERY, HOST_FILES
+from tests.support.session import pg_database, psql
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -116,14 +118,14 @@ def test_a_worker_lost_between_launch_record_and_exec_is_retried_not_lost(
 @pytest.mark.parametrize("role", ["worker", "beat"])
 def test_worker_and_beat_refuse_an_unmigrated_database(role: str) -> None:
     name = f"playrun_empty_{secrets.token_hex(4)}"
-    _psql(f'CREATE DATABASE "{name}"')
+    psql(f'CREATE DATABASE "{name}"')
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "celery", "-A", "tasks", role, "--loglevel=INFO"],
             env=worker_env(PLAYRUN_DATABASE_URL=pg_database(name)), cwd=str(ROOT),
             capture_output=True, text=True, timeout=60)
     finally:
-        _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     assert proc.returncode != 0
     assert "playrun db upgrade" in proc.stdout + proc.stderr
 
@@ -159,7 +161,7 @@ def test_worker_killed_during_a_slow_sandbox_create_runs_the_play_once(
     """SIGKILL while the provider is still creating: nothing of the customer's ran, the
     reaper defers the start (same generation), a new worker runs the play exactly once."""
     from tasks.sandbox import FakeScript
-    from tests.conftest import SANDBOX_ROOT
+    from tests.support.env import SANDBOX_ROOT
 
     marker = tmp_path / "ran.txt"
     script = FakeScript(SANDBOX_ROOT)

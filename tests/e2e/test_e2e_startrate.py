@@ -19,8 +19,11 @@ from tasks.acquisition.startrate import StartRateLimiter, rules_for
 from tasks.sandbox import FakeScript
 from tasks.settings import Settings
 from tasks.store.db import session_scope
-from tests.conftest import ROOT, SANDBOX_ROOT, TEST_REDIS_URL, Worker, worker_env
-from tests.helpers import eventually, kinds
+from tests.support.env import SANDBOX_ROOT
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import ROOT
+from tests.support.session import TEST_REDIS_URL
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 NOOP = ROOT / "examples" / "plays" / "noop.py"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tasks.cli.embedded import Stack
-from tests.conftest import PLAYS, ROOT
-from tests.helpers import pids_with_env
+from tests.support.helpers import pids_with_env
+from tests.support.paths import PLAYS, ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,10 @@ import pytest
 import tasks
 from tasks.acquisition import capacity
 from tasks.sandbox import FakeScript
-from tests.conftest import ROOT, Gateway, Worker, worker_env
-from tests.helpers import eventually, kinds
-from tests.support import FAST_STARTS, NOOP
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import NOOP, ROOT
+from tests.support.runs import FAST_STARTS
+from tests.support.stack import Gateway, Worker, worker_env
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,10 @@ from bench.chaoslib import partition
 from bench.chaoslib.partition import Partition
 from bench.chaoslib.proxy import Proxy
 from tasks.store.netguard import pg_connect_args, redis_socket_options
-from tests.conftest import BASE_ENV, ROOT, Worker, worker_env
-from tests.helpers import eventually
+from tests.support.helpers import eventually
+from tests.support.paths import ROOT
+from tests.support.session import BASE_ENV
+from tests.support.stack import Worker, worker_env
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 TIMEOUT_S = 4.0

@@ -17,9 +17,11 @@ from tasks.acquisition import policy
 from tasks.acquisition.claim import Claimed, claim
 from tasks.maintenance.held import held_runs, note_done, note_held, take_held
 from tasks.store.db import session_scope
-from tests.conftest import ROOT, TEST_REDIS_URL, Worker, worker_env
-from tests.helpers import eventually
-from tests.support import FAST_RECOVERY
+from tests.support.helpers import eventually
+from tests.support.paths import ROOT
+from tests.support.runs import FAST_RECOVERY
+from tests.support.session import TEST_REDIS_URL
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 NOOP = ROOT / "examples" / "plays" / "noop.py"

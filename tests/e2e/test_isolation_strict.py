@@ -28,9 +28,12 @@ from tasks.sandbox import LocalProvider, SandboxSpec
 from tasks.sandbox import supervisor as sup
 from tasks.sandbox.local import isolation as isolation_mod
 from tasks.settings import Settings, get_settings
-from tests.conftest import BASE_ENV, PLAYS, ROOT, SANDBOX_ROOT, TEST_PG_URL, Worker, worker_env
-from tests.helpers import eventually, kinds
-from tests.support import FAST_STARTS, HELLO
+from tests.support.env import SANDBOX_ROOT
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import HELLO, PLAYS, ROOT
+from tests.support.runs import FAST_STARTS
+from tests.support.session import BASE_ENV, TEST_PG_URL
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 ESCAPE = PLAYS / "escape.py"

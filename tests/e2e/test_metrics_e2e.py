@@ -21,23 +21,17 @@ from prometheus_client import REGISTRY
 
 import tasks
 from tasks.acquisition.startrate import StartRateLimiter, rules_for
+from tasks.host.processes import free_port
 from tasks.sandbox import FakeScript
 from tasks.security import tokens
 from tasks.settings import Settings, get_settings
-from tests.conftest import (
-    GATEWAY_DIR,
-    PLAYS,
-    ROOT,
-    SANDBOX_ROOT,
-    TEST_REDIS_URL,
-    Gateway,
-    Worker,
-    free_port,
-    worker_env,
-)
-from tests.helpers import eventually
-from tests.metrics_support import beat, endpoint, scrape, summed
-from tests.support import close_open_runs, must_claim, new_run, reserve
+from tests.support.env import GATEWAY_DIR, SANDBOX_ROOT
+from tests.support.helpers import eventually
+from tests.support.metrics import beat, endpoint, scrape, summed
+from tests.support.paths import PLAYS, ROOT
+from tests.support.runs import close_open_runs, must_claim, new_run, reserve
+from tests.support.session import TEST_REDIS_URL
+from tests.support.stack import Gateway, Worker, worker_env
 
 pytestmark = pytest.mark.slow
 NOOP = ROOT / "examples" / "plays" / "noop.py"

@@ -17,9 +17,10 @@ import tasks
 from models import Attempt, Run, WorkReceipt, db_now
 from tasks.acquisition import capacity
 from tasks.store.db import session_scope
-from tests.conftest import PLAYS, Worker, worker_env
-from tests.helpers import eventually, kinds
-from tests.support import FAST_STARTS, HOST_FILES, close_open_runs, supersede
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import PLAYS
+from tests.support.runs import FAST_STARTS, HOST_FILES, close_open_runs, supersede
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 ORG_PREFIX = "rce-"

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 import tasks
-from tests.conftest import ROOT, Worker, worker_env
-from tests.helpers import eventually, kinds
-from tests.sheet_support import PLAY_NAME, SHEET_PLAY, intents, new_org
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import ROOT
+from tests.support.sheets import PLAY_NAME, SHEET_PLAY, intents, new_org
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,9 @@ import pytest
 import tasks
 from tasks.execution.runner_sheets import RuntimeSheetWriteIntentUnavailableError
 from tasks.execution.runner_sheets import Sheet as SheetClient
-from tests.conftest import Gateway, Worker, free_port, worker_env
-from tests.sheet_support import (
+from tasks.host.processes import free_port
+from tests.support.runs import close_open_runs
+from tests.support.sheets import (
     ORG_PREFIX,
     PLAY_NAME,
     SHEET_PLAY,
@@ -27,8 +28,8 @@ from tests.sheet_support import (
     intents,
     new_org,
 )
-from tests.sheet_support import launch as launch_by_hand
-from tests.support import close_open_runs
+from tests.support.sheets import launch as launch_by_hand
+from tests.support.stack import Gateway, Worker, worker_env
 
 pytestmark = pytest.mark.slow
 

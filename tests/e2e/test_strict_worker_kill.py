@@ -27,9 +27,11 @@ from tasks.sandbox.local import probe_strict
 from tasks.sandbox.local.processes import is_live
 from tasks.sandbox.local.records import read_json
 from tasks.settings import get_settings
-from tests.conftest import PLAYS, SANDBOX_ROOT, Worker, worker_env
-from tests.helpers import eventually, kinds
-from tests.support import FAST_RECOVERY, FAST_STARTS
+from tests.support.env import SANDBOX_ROOT
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import PLAYS
+from tests.support.runs import FAST_RECOVERY, FAST_STARTS
+from tests.support.stack import Worker, worker_env
 
 STRICT = {"PLAYRUN_SANDBOX_ISOLATION": "strict", **FAST_RECOVERY, **FAST_STARTS}
 

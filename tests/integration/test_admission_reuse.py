@@ -18,7 +18,7 @@ import tasks
 from models import PlayBundle, Run
 from tasks.admission import validate
 from tasks.store.db import session_scope
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 NOOP = (ROOT / "examples" / "plays" / "noop.py").read_text()
 

@@ -46,8 +46,8 @@ from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence, hold
-from tests.helpers import eventually, kinds
-from tests.support import (
+from tests.support.helpers import eventually, kinds
+from tests.support.runs import (
     StubApp,
     claim_now,
     close_open_runs,

@@ -18,7 +18,8 @@ from tasks.errors import CapacityExceededError
 from tasks.settings import get_settings
 from tasks.store import db
 from tasks.store.fence import hold
-from tests.conftest import ROOT, worker_env
+from tests.support.paths import ROOT
+from tests.support.stack import worker_env
 
 
 def test_concurrent_reservations_on_sqlite_never_pass_the_limit(sqlite_db: str) -> None:

@@ -20,15 +20,9 @@ from tasks.constants import (
 from tasks.sandbox import FakeScript, SandboxProvider, get_provider
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
-from tests.helpers import eventually, kinds
-from tests.support import (
-    FAST_STARTS,
-    HELLO,
-    PLAYS,
-    closes_open_runs,
-    held,
-    org_namer,
-)
+from tests.support.helpers import eventually, kinds
+from tests.support.paths import HELLO, PLAYS
+from tests.support.runs import FAST_STARTS, closes_open_runs, held, org_namer
 
 ORG_PREFIX = "cap-"
 
@@ -68,7 +62,7 @@ def assert_nothing_left(run_id: str, provider_name: str, *, took_lease: bool,
 
 @pytest.fixture(scope="class")
 def fake_worker(pg_url: str) -> Iterator[Any]:
-    from tests.conftest import Worker, worker_env
+    from tests.support.stack import Worker, worker_env
 
     script = FakeScript(get_settings().sandbox_root)
     script.reset()
@@ -179,7 +173,7 @@ class TestEveryTerminalPathGivesEverythingBack:
 
 @pytest.mark.slow
 def test_observe_mode_runs_over_the_limit_and_records_the_overrun(pg_url: str) -> None:
-    from tests.conftest import Worker, worker_env
+    from tests.support.stack import Worker, worker_env
 
     org_id = org()
     capacity.set_limit(org_id, 0)

@@ -28,7 +28,8 @@ from tasks.errors import InputInvalidError
 from tasks.maintenance import gc
 from tasks.parse.durations import parse_duration
 from tasks.store.db import session_scope
-from tests.conftest import ROOT, worker_env
+from tests.support.paths import ROOT
+from tests.support.stack import worker_env
 
 YEAR = 365 * 86400.0
 MAX_INT = 2**31 - 1

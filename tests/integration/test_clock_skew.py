@@ -15,9 +15,9 @@ import tasks
 from tasks.execution.launch import Launch, launch
 from tasks.sandbox import SandboxProvider, SandboxRef
 from tasks.settings import get_settings
-from tests.conftest import Gateway
-from tests.support import must_claim, new_run
-from tests.integration.test_gateway import call
+from tests.support.gateway import call
+from tests.support.runs import must_claim, new_run
+from tests.support.stack import Gateway
 
 
 class Capture:

@@ -16,7 +16,7 @@ from tasks.errors import RunNotFoundError
 from tasks.settings import get_settings
 from tasks.sheets import store
 from tasks.store.db import session_scope
-from tests.support import StubApp, close_open_runs, must_claim, new_run
+from tests.support.runs import StubApp, close_open_runs, must_claim, new_run
 
 ORG_PREFIX = "dpg-"
 

@@ -21,7 +21,7 @@ from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence, hold, renew
-from tests.support import (
+from tests.support.runs import (
     ORG_PREFIX,
     TERMINAL_EVENTS,
     claim_now,

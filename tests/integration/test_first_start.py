@@ -22,8 +22,8 @@ from tasks.acquisition.start import Opened, open_attempt
 from tasks.constants import ATTEMPT_ACTIVE, EV_ATTEMPT_STARTED, EV_CAPACITY_OVERRUN, RUNNING
 from tasks.settings import Settings, get_settings
 from tasks.store.db import session_scope
-from tests.helpers import kinds
-from tests.support import closes_open_runs, held, new_run, org_namer, snapshot
+from tests.support.helpers import kinds
+from tests.support.runs import closes_open_runs, held, new_run, org_namer, snapshot
 
 ORG_PREFIX = "first-"
 

@@ -15,10 +15,12 @@ import sqlalchemy as sa
 import tasks
 from models import Attempt
 from tasks.constants import TASK_RELEASE_ATTEMPT, TASK_RELEASE_ATTEMPTS, TASK_START_ATTEMPT
+from tasks.host.processes import free_port
 from tasks.store.db import session_scope
-from tests.conftest import ROOT, Worker, free_port, worker_env
-from tests.helpers import eventually
-from tests.metrics_support import Proc, flower
+from tests.support.helpers import eventually
+from tests.support.metrics import Proc, flower
+from tests.support.paths import ROOT
+from tests.support.stack import Worker, worker_env
 
 pytest.importorskip("flower", reason="Flower is the `flower` extra: pip install -e '.[flower]'")
 pytestmark = pytest.mark.slow

@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -16,50 +15,15 @@ import sqlalchemy as sa
 
 import tasks
 from models import Attempt, db_now
-from tasks.execution.launch import mark_launching
+from tasks.host.processes import free_port
 from tasks.security import tokens
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence
-from tests.conftest import ROOT, Gateway, free_port, worker_env
-from tests.support import must_claim, new_run, supersede
-
-
-@dataclass
-class Launched:
-    fence: Fence
-    launch_id: str
-    org_id: str
-
-    def token(self, caps: tuple[str, ...] = tokens.RUNNER_CAPABILITIES, *,
-              ttl_s: float = 60, generation: int | None = None, run_id: str | None = None,
-              secret: str | None = None) -> str:
-        return tokens.mint(org_id=self.org_id, run_id=run_id or self.fence.run_id,
-                           generation=generation or self.fence.generation,
-                           launch_id=self.launch_id, capabilities=caps, ttl_s=ttl_s,
-                           secret=secret or get_settings().secret_key)
-
-
-def launched() -> Launched:
-    run_id = new_run()
-    fence = must_claim(run_id)
-    launch_id = mark_launching(fence, get_settings())
-    assert launch_id is not None
-    return Launched(fence, launch_id, tasks.get_run(run_id).org_id)
-
-
-def call(gw: Gateway, token: str, body: Any, *, raw: bytes | None = None) -> httpx.Response:
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    if raw is not None:
-        return httpx.post(gw.url + "/v1/runtime", content=raw, headers=headers, timeout=30)
-    return httpx.post(gw.url + "/v1/runtime", json=body, headers=headers, timeout=30)
-
-
-def refused(response: httpx.Response, status: int, code: str) -> None:
-    assert (response.status_code, response.json()["code"]) == (status, code), response.text
-    assert response.json()["error"]
+from tests.support.gateway import Launched, call, launched, refused
+from tests.support.paths import ROOT
+from tests.support.runs import must_claim, supersede
+from tests.support.stack import Gateway, worker_env
 
 
 def events(gw: Gateway, run: Launched, key: str, *messages: str) -> httpx.Response:

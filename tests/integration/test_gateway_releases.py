@@ -17,8 +17,8 @@ from tasks.gateway.releases import ReleaseBatcher
 from tasks.release.attempt import holder_of, release_attempts
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
-from tests.helpers import eventually
-from tests.support import ORG_PREFIX, close_open_runs, event_kinds, launched
+from tests.support.helpers import eventually
+from tests.support.runs import ORG_PREFIX, close_open_runs, event_kinds, launched
 
 
 class Recorder:

@@ -29,14 +29,9 @@ from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence, hold
-from tests.conftest import ROOT, worker_env
-from tests.support import (
-    closes_open_runs,
-    must_claim,
-    new_run,
-    org_namer,
-    supersede,
-)
+from tests.support.paths import ROOT
+from tests.support.runs import closes_open_runs, must_claim, new_run, org_namer, supersede
+from tests.support.stack import worker_env
 
 ORG_PREFIX = "gc-"
 

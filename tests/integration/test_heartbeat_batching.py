@@ -17,7 +17,7 @@ from tasks.gateway.beats import BeatAnswer, BeatBatcher
 from tasks.settings import get_settings
 from tasks.store.db import get_engine, session_scope
 from tasks.store.fence import LaunchFence
-from tests.support import ORG_PREFIX, close_open_runs, must_claim, new_run
+from tests.support.runs import ORG_PREFIX, close_open_runs, must_claim, new_run
 
 
 @pytest.fixture(scope="module", autouse=True)

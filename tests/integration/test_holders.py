@@ -18,8 +18,8 @@ from tasks.release.attempt import release_attempt
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence
-from tests.helpers import eventually, kinds
-from tests.support import StubApp, claim_now, lease, must_claim, new_run, reserve
+from tests.support.helpers import eventually, kinds
+from tests.support.runs import StubApp, claim_now, lease, must_claim, new_run, reserve
 
 
 def test_a_late_release_after_a_deferral_spares_the_resumed_holder(

@@ -18,7 +18,14 @@ from tasks.sandbox import SandboxRef
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence
-from tests.support import ORG_PREFIX, close_open_runs, event_kinds, must_claim, new_run, reserve
+from tests.support.runs import (
+    ORG_PREFIX,
+    close_open_runs,
+    event_kinds,
+    must_claim,
+    new_run,
+    reserve,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)

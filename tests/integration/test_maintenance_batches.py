@@ -13,7 +13,7 @@ from tasks.admission import relay
 from tasks.broker.app import app
 from tasks.maintenance.reaper import expire_reservations
 from tasks.store.db import session_scope
-from tests.support import close_open_runs, new_run
+from tests.support.runs import close_open_runs, new_run
 
 ORG = "batches-"
 

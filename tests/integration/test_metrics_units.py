@@ -30,7 +30,7 @@ from tasks.settings import Settings, get_settings, parse_addr
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle
 from tasks.store.db import after_commit, session_scope
-from tests.support import close_open_runs, must_claim, new_run, reserve
+from tests.support.runs import close_open_runs, must_claim, new_run, reserve
 
 ORGS = "mu-"
 

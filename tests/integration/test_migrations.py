@@ -17,16 +17,16 @@ from alembic.script import ScriptDirectory
 from models import Base
 from tasks.errors import SchemaNotCurrentError
 from tasks.store import db
-from tests.conftest import _psql, pg_database
+from tests.support.session import pg_database, psql
 
 
 @pytest.fixture
 def empty_pg() -> Iterator[str]:
     name = f"playrun_mig_{secrets.token_hex(4)}"
-    _psql(f'CREATE DATABASE "{name}"')
+    psql(f'CREATE DATABASE "{name}"')
     yield pg_database(name)
     db.dispose_engines()
-    _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from tasks.acquisition import permits, policy
 from tasks.errors import PolicyInvalidError
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
-from tests.conftest import Worker
-from tests.support import HELLO
+from tests.support.paths import HELLO
+from tests.support.stack import Worker
 
 DAY = 86400.0
 

@@ -22,10 +22,10 @@ from tasks.gateway.releases import ReleaseBatcher
 from tasks.security import tokens
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
-from tests.conftest import Gateway
-from tests.helpers import eventually
-from tests.receipt_support import (
-    HELLO,
+from tests.support.gateway import Launched, call, refused
+from tests.support.helpers import eventually
+from tests.support.paths import HELLO
+from tests.support.receipts import (
     ORG_PREFIX,
     act,
     claim,
@@ -35,8 +35,8 @@ from tests.receipt_support import (
     receipt,
     step_events,
 )
-from tests.support import close_open_runs, must_claim, supersede
-from tests.integration.test_gateway import Launched, call, refused
+from tests.support.runs import close_open_runs, must_claim, supersede
+from tests.support.stack import Gateway
 
 
 @pytest.fixture(scope="module", autouse=True)

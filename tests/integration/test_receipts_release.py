@@ -20,9 +20,8 @@ from tasks.release.receipts import release_orphans, release_receipts
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_forced
 from tasks.store.db import session_scope
-from tests.conftest import ROOT, Gateway, worker_env
-from tests.receipt_support import (
-    HELLO,
+from tests.support.paths import HELLO, ROOT
+from tests.support.receipts import (
     ORG_PREFIX,
     act,
     claim,
@@ -32,7 +31,8 @@ from tests.receipt_support import (
     receipt,
     step_events,
 )
-from tests.support import close_open_runs
+from tests.support.runs import close_open_runs
+from tests.support.stack import Gateway, worker_env
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -17,7 +17,7 @@ from tasks.sandbox import SandboxRef
 from tasks.store import ledger
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence
-from tests.support import must_claim, new_run, reserve
+from tests.support.runs import must_claim, new_run, reserve
 
 
 def claimed_run() -> tuple[Fence, str]:

@@ -16,7 +16,7 @@ from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
 from tasks.store.db import session_scope
 from tasks.store.fence import LaunchFence
-from tests.support import ORG_PREFIX, close_open_runs, event_kinds, launched
+from tests.support.runs import ORG_PREFIX, close_open_runs, event_kinds, launched
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,8 +15,8 @@ from tasks.admission import broker, relay
 from tasks.broker.app import app
 from tasks.constants import QUEUE
 from tasks.store.db import session_scope
-from tests.conftest import ROOT
-from tests.support import close_open_runs
+from tests.support.paths import ROOT
+from tests.support.runs import close_open_runs
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 ORG = "resend-"

@@ -17,7 +17,8 @@ import tasks
 from models import PlayBundle, Run
 from tasks.errors import InputInvalidError, RunIdAmbiguousError, RunNotFoundError
 from tasks.store.db import session_scope
-from tests.conftest import ROOT, worker_env
+from tests.support.paths import ROOT
+from tests.support.stack import worker_env
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)  # ms: SQLite keeps milliseconds
 

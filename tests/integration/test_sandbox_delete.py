@@ -11,7 +11,7 @@ import pytest
 from tasks.sandbox import LocalProvider, SandboxNotFoundError
 from tasks.sandbox.local import processes
 from tasks.sandbox.local.processes import is_live
-from tests.local_sandbox_support import (  # noqa: F401 (provider: a fixture)
+from tests.support.local_sandbox import (  # noqa: F401 (provider: a fixture)
     TREE_MODES,
     find_pids,
     play_sandbox,

@@ -14,7 +14,7 @@ import pytest
 
 from tasks.sandbox import LocalProvider, SandboxSpec
 from tasks.sandbox.base import CapacityUnavailableError
-from tests.tmpfs import fill, small_tmpfs
+from tests.support.tmpfs import fill, small_tmpfs
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from tasks.sandbox import supervisor as sup
 from tasks.sandbox.local import probe_strict
 from tasks.sandbox.local.records import PROC_FILE
 from tasks.settings import get_settings
-from tests.helpers import eventually
+from tests.support.helpers import eventually
 
 
 @pytest.fixture(params=["strict", "process"])

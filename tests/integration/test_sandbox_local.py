@@ -28,7 +28,7 @@ from tasks.sandbox import (
 from tasks.sandbox import supervisor as sup
 from tasks.sandbox.local import limits as limits_mod
 from tasks.sandbox.local.processes import is_live
-from tests.local_sandbox_support import (  # noqa: F401 (provider: a fixture)
+from tests.support.local_sandbox import (  # noqa: F401 (provider: a fixture)
     RUNNER,
     TREE_MODES,
     find_pids,

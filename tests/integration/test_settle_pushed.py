@@ -17,7 +17,7 @@ from tasks.settlement.terminal import settle_launch
 from tasks.store import ledger
 from tasks.store.db import session_scope
 from tasks.store.fence import LaunchFence
-from tests.support import ORG_PREFIX, close_open_runs, launched
+from tests.support.runs import ORG_PREFIX, close_open_runs, launched
 
 
 @pytest.fixture(scope="module", autouse=True)

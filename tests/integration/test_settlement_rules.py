@@ -17,7 +17,7 @@ from tasks.release.finish import finish
 from tasks.settlement.outcome import Outcome, from_result
 from tasks.settlement.terminal import settle
 from tasks.store.db import session_scope
-from tests.support import lease, must_claim, new_run, reserve
+from tests.support.runs import lease, must_claim, new_run, reserve
 
 
 def test_a_cancel_recorded_before_the_terminal_wins(pg_url: str) -> None:

@@ -33,9 +33,9 @@ from tasks.execution.runner_sheets import (
 from tasks.security import tokens
 from tasks.settings import Settings
 from tasks.store.fence import Fence
-from tests.conftest import Gateway
-from tests.helpers import eventually
-from tests.sheet_support import (
+from tests.support.helpers import eventually
+from tests.support.runs import close_open_runs, supersede
+from tests.support.sheets import (
     ORG_PREFIX,
     PLAY_NAME,
     LossyProxy,
@@ -50,7 +50,7 @@ from tests.sheet_support import (
     start,
     write,
 )
-from tests.support import close_open_runs, supersede
+from tests.support.stack import Gateway
 
 EXECUTION = Path(__file__).resolve().parents[2] / "tasks" / "execution"
 

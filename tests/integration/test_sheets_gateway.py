@@ -16,8 +16,8 @@ from tasks.execution import runner_client
 from tasks.security import tokens
 from tasks.sheets import store
 from tasks.store.db import session_scope
-from tests.conftest import Gateway
-from tests.sheet_support import (
+from tests.support.runs import close_open_runs, new_run, supersede
+from tests.support.sheets import (
     ORG_PREFIX,
     PLAY_NAME,
     Launched,
@@ -33,7 +33,7 @@ from tests.sheet_support import (
     start,
     write,
 )
-from tests.support import close_open_runs, new_run, supersede
+from tests.support.stack import Gateway
 
 
 @pytest.fixture(scope="module", autouse=True)

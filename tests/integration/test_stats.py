@@ -12,8 +12,9 @@ from tasks.maintenance.stats import collect
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tasks.store.fence import hold
-from tests.conftest import ROOT, worker_env
-from tests.support import StubApp, must_claim, new_run
+from tests.support.paths import ROOT
+from tests.support.runs import StubApp, must_claim, new_run
+from tests.support.stack import worker_env
 
 
 def test_overruns_deferrals_and_held_leases_are_counted(pg_url: str) -> None:

@@ -22,7 +22,8 @@ from tasks.broker.app import app
 from tasks.constants import TASK_START_ATTEMPT
 from tasks.errors import PlayrunError
 from tasks.store.db import session_scope
-from tests.conftest import ROOT, Worker
+from tests.support.paths import ROOT
+from tests.support.stack import Worker
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 HELLO = ROOT / "examples" / "plays" / "hello.py"

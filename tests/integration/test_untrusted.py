@@ -22,7 +22,7 @@ from tasks.parse import untrusted
 from tasks.settlement.outcome import Outcome, from_result
 from tasks.settlement.terminal import settle
 from tasks.store.db import session_scope
-from tests.support import must_claim, new_run, reserve
+from tests.support.runs import must_claim, new_run, reserve
 
 # --- the reader alone ---------------------------------------------------------------
 

@@ -27,7 +27,8 @@ from tasks.admission.submit import admit
 from tasks.errors import InputInvalidError, PlayInvalidError, PlayrunError, RunNotFoundError
 from tasks.parse import checks
 from tasks.store.db import session_scope
-from tests.support import HELLO, NOOP, close_open_runs
+from tests.support.paths import HELLO, NOOP
+from tests.support.runs import close_open_runs
 
 ORG_PREFIX = "val-"
 SUBMIT_CODES = {"INPUT_INVALID", "PLAY_INVALID", "PLAY_NOT_FOUND"}

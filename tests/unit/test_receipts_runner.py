@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_runner import failed, run_play
+from tests.support.runner import failed, run_play
 
 STEPS = Path(__file__).resolve().parents[2] / "tasks" / "execution" / "runner_steps.py"
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tasks.execution.runner import BoundedWriter, Context
-from tests.tmpfs import fill, small_tmpfs
+from tests.support.tmpfs import fill, small_tmpfs
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pytest_celery import (
 )
 from pytest_docker_tools import build, container, fxtr
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 PG = {"POSTGRES_USER": "playrun", "POSTGRES_PASSWORD": "playrun", "POSTGRES_DB": "playrun"}
 

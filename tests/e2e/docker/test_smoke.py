@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.e2e.docker.conftest import PG, engine_problem
+from tests.support.paths import ROOT
 
 PROBLEM = engine_problem()
 pytestmark = [pytest.mark.docker, pytest.mark.slow,

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import die_with_parent
+from tasks.host.processes import die_with_parent
 
 
 def chromium_path() -> str | None:

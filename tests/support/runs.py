@@ -1,7 +1,7 @@
 """Helpers shared by the tests that drive the run lifecycle by hand (no worker).
 
 Spawned child processes import the test modules that use these, so this module must
-not import tests.conftest.
+not import tests.conftest or tests.support.session.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,11 +25,8 @@ from tasks.settings import Settings, get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence, LaunchFence
+from tests.support.paths import NOOP
 
-ROOT = Path(__file__).resolve().parent.parent
-NOOP = ROOT / "examples" / "plays" / "noop.py"
-PLAYS = ROOT / "tests" / "plays"
-HELLO = ROOT / "examples" / "plays" / "hello.py"
 # Workers that must not be paced by the start-rate bucket (tests about something else).
 FAST_STARTS = {"PLAYRUN_START_RATE_INITIAL_PER_MIN": "6000",
                "PLAYRUN_START_RATE_MAX_PER_MIN": "12000"}

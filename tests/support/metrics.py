@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, die_with_parent, stop_group
+from tasks.host.processes import die_with_parent, stop_group
+from tests.support.paths import ROOT
 
 
 class Proc:

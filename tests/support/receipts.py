@@ -15,13 +15,12 @@ from tasks.admission.submit import admit
 from tasks.execution.launch import mark_launching
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
-from tests.conftest import ROOT, Gateway
-from tests.support import must_claim
-from tests.integration.test_gateway import Launched, call
+from tests.support.gateway import Launched, call
+from tests.support.paths import NOOP
+from tests.support.runs import must_claim
+from tests.support.stack import Gateway
 
 ORG_PREFIX = "rcg-"
-NOOP = ROOT / "examples" / "plays" / "noop.py"
-HELLO = ROOT / "examples" / "plays" / "hello.py"
 
 
 def org() -> str:

@@ -15,8 +15,9 @@ from tasks.sandbox import LocalProvider, ProcessStatus, SandboxSpec
 from tasks.sandbox import supervisor as sup
 from tasks.sandbox.local import pid_namespace_command, probe_strict
 from tasks.settings import get_settings
+from tests.support.paths import ROOT
 
-RUNNER = (Path(__file__).resolve().parents[1] / "tasks" / "execution" / "runner.py").read_bytes()
+RUNNER = (ROOT / "tasks" / "execution" / "runner.py").read_bytes()
 # Every test runs in strict isolation (bubblewrap) and once in process mode; the process-tree
 # tests also with process mode's two layouts (PID namespace, plain process group).
 TREE_MODES = ["strict", "pidns", "pgroup"]

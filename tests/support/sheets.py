@@ -24,10 +24,10 @@ from tasks.security import tokens
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence
-from tests.support import must_claim
+from tests.support.paths import PLAYS
+from tests.support.runs import must_claim
 
-ROOT = Path(__file__).resolve().parent.parent
-SHEET_PLAY = ROOT / "tests" / "plays" / "sheet_enrich.py"
+SHEET_PLAY = PLAYS / "sheet_enrich.py"
 PLAY_NAME = "sheet_enrich"
 ORG_PREFIX = "sht-"
 

@@ -20,6 +20,7 @@ from tests.support.env import GATEWAY_DIR, LOCAL_ENV, METRICS_DIR, SANDBOX_ROOT
 if TYPE_CHECKING:
     import redis
 
+    from tasks.broker.publish import StubPublisher
     from tests.support.stack import Gateway, Worker
 
 os.environ.update(LOCAL_ENV)
@@ -125,6 +126,15 @@ def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield url
     monkeypatch.undo()
     reset_settings()
+
+
+@pytest.fixture
+def published() -> Iterator[StubPublisher]:
+    """Task messages this test's code sends, recorded instead of reaching a broker."""
+    from tasks.broker.publish import stubbed
+
+    with stubbed() as stub:
+        yield stub
 
 
 @pytest.fixture(scope="session")

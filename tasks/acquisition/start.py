@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from tasks.acquisition import capacity, permits
 from tasks.acquisition import policy as traffic
@@ -121,19 +120,19 @@ def _first_start(run_id: str, settings: Settings, policy: traffic.Policy) -> Ope
 _DEFERRED = Acquired(Step.DEFERRED)
 
 
-def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
+def acquire_sandbox(opened: Opened, settings: Settings) -> Acquired:
     """Raises FenceLostError when the attempt lost its fence on the way."""
     claimed, policy = opened.claimed, opened.policy
     fence = claimed.fence
     provider: SandboxProvider = provider_for()
     if policy.mode == traffic.HOLD:
-        defer(fence, "hold", settings, app, detail="hold_new_sandbox_starts is in force")
+        defer(fence, "hold", settings, detail="hold_new_sandbox_starts is in force")
         return _DEFERRED
     # Capacity first: a run that waits for its org's capacity burns no start permit.
     if opened.full is not None:
         exc = opened.full
         if settings.capacity_full == "defer":
-            defer(fence, "capacity", settings, app, detail=exc.message)
+            defer(fence, "capacity", settings, detail=exc.message)
             return _DEFERRED
         return Acquired(Step.FAILED, code=exc.code, error=f"{exc.code}: {exc.message}",
                         reason="capacity")
@@ -141,7 +140,7 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
     assert lease_id is not None  # open_attempt reserved it: not held, not full
     decision = permits.acquire(provider.name, policy, settings)
     if not decision.granted:
-        defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
+        defer(fence, "throttle", settings, at_least_ms=decision.wait_ms,
               detail=f"start rate {decision.rate:g}/min")
         return _DEFERRED
     try:
@@ -153,7 +152,7 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
                             reason="start_failed")
         if cause != "transport":
             permits.penalize(provider.name, policy, decision.epoch, settings)
-        defer(fence, cause, settings, app, detail=str(exc)[:200])  # type: ignore[arg-type]
+        defer(fence, cause, settings, detail=str(exc)[:200])  # type: ignore[arg-type]
         return _DEFERRED
     permits.accepted(provider.name)  # the adaptive rate grows on real starts only
     # The launch records the sandbox live and promotes the lease, in its own transaction.

@@ -92,7 +92,7 @@ def test_a_worker_lost_between_launch_record_and_exec_is_retried_not_lost(
     opened = open_attempt(handle.id, settings)
     assert isinstance(opened, Opened)
     claimed = opened.claimed
-    acquired = acquire_sandbox(opened, settings, tasks.broker.app)
+    acquired = acquire_sandbox(opened, settings)
     assert acquired.step == Step.LIVE and acquired.ref is not None
     # The sandbox recorded live and the launch recorded, and then it died before exec.
     assert record_launch(claimed.fence, settings, acquired.ref, acquired.lease_id) is not None

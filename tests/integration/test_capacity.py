@@ -29,6 +29,7 @@ from tasks.acquisition import capacity
 from tasks.acquisition.claim import Claimed
 from tasks.acquisition.deferral import defer
 from tasks.acquisition.sandbox import labels_for, record_live
+from tasks.broker.publish import StubPublisher
 from tasks.constants import (
     CAPACITY_EXCEEDED_MESSAGE,
     LABEL_RUN,
@@ -48,7 +49,6 @@ from tasks.store.db import session_scope
 from tasks.store.fence import Fence, hold
 from tests.support.helpers import eventually, kinds
 from tests.support.runs import (
-    StubApp,
     claim_now,
     close_open_runs,
     held,
@@ -278,7 +278,7 @@ def test_the_largest_limit_reserves_and_a_larger_one_is_refused(pg_url: str) -> 
 
 
 def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own(
-    pg_url: str,
+    pg_url: str, published: StubPublisher,
 ) -> None:
     """Worker A stalls in provider create; the reaper adopts the attempt and defers it; B
     resumes the same generation and goes live. A's create then returns: its report is
@@ -294,7 +294,7 @@ def test_a_late_sandbox_is_recorded_and_deleted_and_the_new_holder_keeps_its_own
     wait_lease_expired(a)
     adopted = _adopt(run_id, settings)
     assert adopted is not None and adopted.launched is False  # nothing was launched
-    assert defer(adopted.fence, "worker_lost", settings, StubApp(),
+    assert defer(adopted.fence, "worker_lost", settings,
                  detail="A stopped") == "deferred"
     assert lease(lease_a)[0] == "released"
     b = eventually(lambda: (lambda r: r.fence if isinstance(r, Claimed) else None)(

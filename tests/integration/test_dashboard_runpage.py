@@ -10,13 +10,14 @@ import pytest
 
 from models import RunEvent
 from tasks.acquisition import deferral
+from tasks.broker.publish import StubPublisher
 from tasks.constants import EV_STEP_COMPLETED, EV_STEP_REUSED
 from tasks.dashboard.runpage import FailureClass, SheetPanel, failure_class, run_page
 from tasks.errors import RunNotFoundError
 from tasks.settings import get_settings
 from tasks.sheets import store
 from tasks.store.db import session_scope
-from tests.support.runs import StubApp, close_open_runs, must_claim, new_run
+from tests.support.runs import close_open_runs, must_claim, new_run
 
 ORG_PREFIX = "dpg-"
 
@@ -27,10 +28,11 @@ def org(pg_url: str) -> Iterator[str]:
     close_open_runs(ORG_PREFIX)
 
 
-def test_a_deferred_attempt_shows_its_cause_and_next_retry(org: str) -> None:
+def test_a_deferred_attempt_shows_its_cause_and_next_retry(
+        org: str, published: StubPublisher) -> None:
     run_id = new_run(org)
     fence = must_claim(run_id)
-    assert deferral.defer(fence, "throttle", get_settings(), StubApp()) == "deferred"
+    assert deferral.defer(fence, "throttle", get_settings()) == "deferred"
     page = run_page(run_id)
     (attempt,) = page.attempts
     assert attempt.state == "deferred" and attempt.deferral_cause == "throttle"

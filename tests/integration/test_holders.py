@@ -12,6 +12,7 @@ import tasks
 from models import Attempt
 from tasks.acquisition import deferral
 from tasks.acquisition.claim import Claimed
+from tasks.broker.publish import StubPublisher
 from tasks.execution.launch import mark_launching
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.release.attempt import release_attempt
@@ -19,11 +20,11 @@ from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tasks.store.fence import Fence
 from tests.support.helpers import eventually, kinds
-from tests.support.runs import StubApp, claim_now, lease, must_claim, new_run, reserve
+from tests.support.runs import claim_now, lease, must_claim, new_run, reserve
 
 
 def test_a_late_release_after_a_deferral_spares_the_resumed_holder(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, published: StubPublisher
 ) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
     settings = get_settings().model_copy(update={"deferral_base_ms": 1, "deferral_max_ms": 2})
@@ -31,7 +32,7 @@ def test_a_late_release_after_a_deferral_spares_the_resumed_holder(
     lease_a = reserve(a, org)
     # A defers, but its release is slow: B resumes the same generation first.
     monkeypatch.setattr(deferral, "release_attempt", lambda *args: None)
-    assert deferral.defer(a, "provider_capacity", settings, StubApp()) == "deferred"
+    assert deferral.defer(a, "provider_capacity", settings) == "deferred"
     b = eventually(lambda: _try_claim(a.run_id, "B"), timeout=10, what="the run to be due")
     assert (b.generation, b.run_id) == (a.generation, a.run_id) and b.lease_token != a.lease_token
     lease_b = reserve(b, org)
@@ -40,20 +41,20 @@ def test_a_late_release_after_a_deferral_spares_the_resumed_holder(
 
 
 def test_the_reaper_releases_what_a_deferred_holder_left_behind(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, published: StubPublisher
 ) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
     a = must_claim(new_run(org), "A")
     lease_a = reserve(a, org)
     monkeypatch.setattr(deferral, "release_attempt", lambda *args: None)  # the release failed
-    assert deferral.defer(a, "hold", get_settings(), StubApp()) == "deferred"
+    assert deferral.defer(a, "hold", get_settings()) == "deferred"
     assert lease(lease_a)[0] == "reserved"
     retry_releases(ReapReport())
     assert lease(lease_a)[0] == "released"
 
 
 def test_the_reaper_leaves_a_just_ended_attempt_to_its_own_release_task(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, published: StubPublisher
 ) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
     a = must_claim(new_run(org), "A")
@@ -61,7 +62,7 @@ def test_the_reaper_leaves_a_just_ended_attempt_to_its_own_release_task(
     monkeypatch.setattr(deferral, "release_attempt", lambda *args: None)
     # A cancel ends the attempt (ended_at is now) and its release is "on its way".
     tasks.cancel_run(a.run_id)
-    assert deferral.defer(a, "hold", get_settings(), StubApp()) == "cancelled"
+    assert deferral.defer(a, "hold", get_settings()) == "cancelled"
     retry_releases(ReapReport(), grace_s=60)
     assert lease(lease_a)[0] == "reserved"  # within the grace: not the reaper's yet
     retry_releases(ReapReport(), grace_s=0)
@@ -88,10 +89,11 @@ def test_a_cancel_before_launch_wins_and_nothing_starts(pg_url: str) -> None:
     assert launch_id is not None and _launch_record(g)[0] == launch_id
 
 
-def test_a_cancel_during_acquisition_wins_over_a_deferral(pg_url: str) -> None:
+def test_a_cancel_during_acquisition_wins_over_a_deferral(
+        pg_url: str, published: StubPublisher) -> None:
     f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)
-    assert deferral.defer(f, "hold", get_settings(), StubApp()) == "cancelled"
+    assert deferral.defer(f, "hold", get_settings()) == "cancelled"
     view = tasks.get_run(f.run_id)
     assert (view.status, view.code) == ("cancelled", "CANCELLED")
 

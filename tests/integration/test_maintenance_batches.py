@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-import pytest
 import sqlalchemy as sa
 
 from models import CapacityLease, Outbox, db_now, new_id
 from tasks.admission import relay
-from tasks.broker.app import app
+from tasks.broker.publish import StubPublisher
 from tasks.maintenance.reaper import expire_reservations
 from tasks.store.db import session_scope
 from tests.support.runs import close_open_runs, new_run
@@ -40,17 +38,14 @@ def test_expired_reservations_go_a_batch_per_pass(pg_url: str) -> None:
     close_open_runs(ORG)
 
 
-def test_the_sweep_publishes_a_batch_per_pass(pg_url: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[Any] = []
-    monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: sent.extend(messages))
+def test_the_sweep_publishes_a_batch_per_pass(pg_url: str, published: StubPublisher) -> None:
     runs = [new_run(ORG + uuid.uuid4().hex[:6]) for _ in range(5)]
     with session_scope() as s:  # new_run marked them sent: make them due again
         s.execute(sa.update(Outbox).where(Outbox.run_id.in_(runs)).values(sent_at=None))
     with session_scope(readonly=True) as s:
         ids = list(s.scalars(sa.select(Outbox.id).where(Outbox.run_id.in_(runs))))
-    assert relay.publish_due(app, ids=ids, limit=3) == 3
-    assert relay.publish_due(app, ids=ids, limit=3) == 2
-    assert relay.publish_due(app, ids=ids, limit=3) == 0
-    assert sorted(m[2][0] for m in sent) == sorted(runs)
+    assert relay.publish_due(ids=ids, limit=3) == 3
+    assert relay.publish_due(ids=ids, limit=3) == 2
+    assert relay.publish_due(ids=ids, limit=3) == 0
+    assert sorted(m.args[0] for m in published.sent) == sorted(runs)
     close_open_runs(ORG)

@@ -11,7 +11,8 @@ import sqlalchemy as sa
 
 import tasks
 from models import Outbox
-from tasks.admission import broker, relay
+from tasks.admission import relay
+from tasks.broker import lean
 from tasks.broker.app import app
 from tasks.constants import QUEUE
 from tasks.store.db import session_scope
@@ -37,16 +38,16 @@ def test_a_waiting_backlog_is_not_sent_again_and_lost_messages_are(
     with session_scope() as s:  # sent an hour ago: long past any resend wait
         s.execute(sa.update(Outbox).where(Outbox.run_id.in_(runs))
                   .values(sent_at=Outbox.sent_at - sa.text("interval '1 hour'")))
-    assert broker.oldest_waiting(app) is not None
-    relay.resend_stale(app, after_s=1)
+    assert lean.oldest_waiting(app) is not None
+    relay.resend_stale(after_s=1)
     assert _counts(runs) == [1] * 6  # all six still wait in the broker, oldest first
 
     redis_client.rpop(QUEUE, 2)  # the broker lost the two oldest
-    relay.resend_stale(app, after_s=1)
+    relay.resend_stale(after_s=1)
     assert _counts(runs) == [2, 2, 1, 1, 1, 1]
 
     redis_client.delete(QUEUE)  # the broker lost everything
-    relay.resend_stale(app, after_s=1)
+    relay.resend_stale(after_s=1)
     assert _counts(runs) == [2, 2, 2, 2, 2, 2]  # the first two were just sent: not again
     assert redis_client.llen(QUEUE) >= 4  # their starts are in the broker again
     close_open_runs(ORG)
@@ -59,11 +60,11 @@ def test_a_message_that_is_not_a_task_sets_no_bound(
     org = ORG + uuid.uuid4().hex[:6]
     run_id = tasks.submit_run(NOOP, org_id=org).id
     redis_client.rpush(QUEUE, b"not json")  # the oldest entry, and not a task's
-    assert broker.oldest_waiting(app) is None
+    assert lean.oldest_waiting(app) is None
     with session_scope() as s:
         s.execute(sa.update(Outbox).where(Outbox.run_id == run_id)
                   .values(sent_at=Outbox.sent_at - sa.text("interval '1 hour'")))
-    relay.resend_stale(app, after_s=1)
+    relay.resend_stale(after_s=1)
     assert _counts([run_id]) == [2]
     redis_client.delete(QUEUE)
     close_open_runs(ORG)

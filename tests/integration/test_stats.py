@@ -8,16 +8,18 @@ import sys
 import uuid
 
 from tasks.acquisition import capacity, deferral
+from tasks.broker.publish import StubPublisher
 from tasks.maintenance.stats import collect
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tasks.store.fence import hold
 from tests.support.paths import ROOT
-from tests.support.runs import StubApp, must_claim, new_run
+from tests.support.runs import must_claim, new_run
 from tests.support.stack import worker_env
 
 
-def test_overruns_deferrals_and_held_leases_are_counted(pg_url: str) -> None:
+def test_overruns_deferrals_and_held_leases_are_counted(
+        pg_url: str, published: StubPublisher) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
     capacity.set_limit(org, 0)
     observe = get_settings().model_copy(update={"capacity_mode": "observe"})
@@ -27,7 +29,7 @@ def test_overruns_deferrals_and_held_leases_are_counted(pg_url: str) -> None:
         hold(s, f)
         assert capacity.reserve(s, f, org, observe).overrun
     g = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "B")
-    assert deferral.defer(g, "throttle", get_settings(), StubApp()) == "deferred"
+    assert deferral.defer(g, "throttle", get_settings()) == "deferred"
     after = collect(3600)
     assert after.overruns_by_org.get(org) == 1
     assert after.leases_held_by_org.get(org) == 1

@@ -7,7 +7,7 @@ import json
 import math
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -16,10 +16,12 @@ import sqlalchemy as sa
 
 import tasks
 from models import Outbox, Run, RunEvent
-from tasks.admission import broker, relay
+from tasks.admission import relay
 from tasks.admission.submit import admit
+from tasks.broker import lean
 from tasks.broker.app import app
-from tasks.constants import TASK_START_ATTEMPT
+from tasks.broker.publish import Message, StubPublisher, use
+from tasks.constants import QUEUE, TASK_START_ATTEMPT
 from tasks.errors import PlayrunError
 from tasks.store.db import session_scope
 from tests.support.paths import ROOT
@@ -156,8 +158,8 @@ def test_the_direct_envelope_is_what_kombu_writes(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     message = (str(uuid.uuid4()), TASK_START_ATTEMPT, [uuid.uuid4().hex])
     try:
-        broker.push(client, app, [message], queue)
-        broker.produce(app, [message], queue)
+        lean.push(client, app, [message], queue)
+        lean.produce(app, [message], queue)
         ours, theirs = (json.loads(bytes(client.rpop(queue) or b"{}"))  # type: ignore[arg-type]
                         for _ in range(2))
     finally:
@@ -172,9 +174,7 @@ def test_the_direct_envelope_is_what_kombu_writes(redis_url: str) -> None:
 # --- SQLite: the same batch, and a relay that never publishes under the write lock -------
 
 
-def test_submit_runs_on_sqlite(sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[broker.Message] = []
-    monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: sent.extend(messages))
+def test_submit_runs_on_sqlite(sqlite_db: str, published: StubPublisher) -> None:
     o = org()
     hs = tasks.submit_runs([{"play": NOOP, "input": {"i": i}, "org_id": o,
                              "idempotency_key": f"k{i % 3}"} for i in range(6)])
@@ -183,7 +183,7 @@ def test_submit_runs_on_sqlite(sqlite_db: str, monkeypatch: pytest.MonkeyPatch) 
     assert tasks.submit_runs([{"play": NOOP, "org_id": o, "idempotency_key": "k1"}])[0].id \
         == hs[1].id
     assert rows_of(o) == (3, 3, 3)
-    assert sorted(m[2][0] for m in sent) == sorted(h.id for h in hs[:3])
+    assert sorted(m.args[0] for m in published.sent) == sorted(h.id for h in hs[:3])
     assert [e.kind for e in tasks.run_events(hs[0].id)] == ["run.admitted"]
     err = _refusal(lambda: tasks.submit_runs([{"play": NOOP, "org_id": o, "idempotency_key":
                                                "new"}, {"play": NOOP, "org_id": ""}]))
@@ -203,44 +203,51 @@ def _lock_is_free(db_path: str) -> bool:
         conn.close()
 
 
-def test_a_failed_publish_leaves_rows_to_the_sweep_which_publishes_unlocked(
-        sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+class LockWatcher(StubPublisher):
+    """Records, for each run started, whether SQLite's write lock was free at the send."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.seen: list[tuple[str, bool]] = []
+
+    def send_many(self, messages: Sequence[Message], queue: str = QUEUE) -> None:
+        self.seen.extend((m[2][0], _lock_is_free(self.path)) for m in messages)
+        super().send_many(messages, queue)
+
+
+@pytest.fixture
+def lock_watcher(sqlite_db: str) -> Iterator[LockWatcher]:
     path = sa.engine.make_url(sqlite_db).database
     assert path is not None
+    watcher = LockWatcher(path)
+    previous = use(watcher)
+    yield watcher
+    use(previous)
 
-    def broker_down(_app: Any, _messages: Any) -> None:
-        raise redis.ConnectionError("broker down")
 
-    monkeypatch.setattr(relay, "send_tasks", broker_down)
+def test_a_failed_publish_leaves_rows_to_the_sweep_which_publishes_unlocked(
+        lock_watcher: LockWatcher) -> None:
+    lock_watcher.fail = redis.ConnectionError("broker down")
     handle = tasks.submit_run(NOOP, org_id=org())
     with session_scope(readonly=True) as s:
         row = s.execute(sa.select(Outbox.sent_at, Outbox.publish_count)
                         .where(Outbox.run_id == handle.id)).one()
     assert row == (None, 0)  # given back to the sweep
 
-    seen: list[tuple[str, bool]] = []
-
-    def broker_up(_app: Any, messages: list[broker.Message]) -> None:
-        seen.extend((m[2][0], _lock_is_free(path)) for m in messages)
-
-    monkeypatch.setattr(relay, "send_tasks", broker_up)
-    assert relay.publish_due(app) == 1
-    assert seen == [(handle.id, True)]  # published with the write lock free
-    assert relay.publish_due(app) == 0  # marked sent: not published twice
+    lock_watcher.fail = None
+    lock_watcher.seen.clear()
+    assert relay.publish_due() == 1
+    assert lock_watcher.seen == [(handle.id, True)]  # published with the write lock free
+    assert relay.publish_due() == 0  # marked sent: not published twice
     with session_scope(readonly=True) as s:
         assert s.scalar(sa.select(Outbox.publish_count).where(Outbox.run_id == handle.id)) == 1
 
 
-def test_resend_of_a_long_queued_run_publishes_unlocked(
-        sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = sa.engine.make_url(sqlite_db).database
-    assert path is not None
-    seen: list[tuple[str, bool]] = []
-    monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: seen.extend(
-        (m[2][0], _lock_is_free(path)) for m in messages))
+def test_resend_of_a_long_queued_run_publishes_unlocked(lock_watcher: LockWatcher) -> None:
     handle = tasks.submit_run(NOOP, org_id=org())  # "published", but no worker took it
-    assert relay.resend_stale(app, after_s=0) == 1
-    assert seen == [(handle.id, True), (handle.id, True)]
+    assert relay.resend_stale(after_s=0) == 1
+    assert lock_watcher.seen == [(handle.id, True), (handle.id, True)]
 
 
 # --- run_events pages ------------------------------------------------------------------

@@ -158,7 +158,7 @@ def unpublished(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """submit_run without the broker: fuzzed runs must never reach a later test's worker."""
     sent: list[str] = []
     monkeypatch.setattr(tasks.api, "publish_admitted",
-                        lambda _app, messages: sent.extend(m[0] for m in messages))
+                        lambda messages: sent.extend(m[0] for m in messages))
     yield sent
     with session_scope() as session:
         session.execute(sa.update(Outbox).where(Outbox.id.in_(sent)).values(sent_at=db_now()))

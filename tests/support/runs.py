@@ -195,16 +195,6 @@ def lease(lease_id: str) -> tuple[str, str | None, str | None]:
         return row.state, row.provider, row.sandbox_id
 
 
-class StubApp:
-    """Stands in for the Celery app where the reaper or a deferral publishes a task."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    def send_task(self, name: str, args: Any = None, **_: Any) -> None:
-        self.sent.append((name, args))
-
-
 def launched() -> tuple[LaunchFence, str]:
     """A claimed run whose sandbox is recorded live and its runner launched (no broker,
     no process): (its launch fence, its lease token)."""

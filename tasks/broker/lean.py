@@ -24,11 +24,10 @@ from typing import Any
 import redis
 from kombu.utils.json import dumps as kombu_dumps
 
+from tasks.broker.publish import Message
 from tasks.broker.taskrepr import shown
 from tasks.constants import QUEUE
 from tasks.store.notify import redis_client
-
-Message = tuple[str, str, list[Any]]  # (task id = outbox row id, task name, args)
 
 # Commands per pipeline flush: bounded memory for a huge batch.
 _PIPELINE = 500

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 
 from tasks.acquisition.startrate import RateRule, StartRateLimiter
+from tests.support.helpers import eventually
 
 PROCESSES = 3
 THREADS = 4
@@ -103,8 +104,7 @@ def test_fixed_rate_never_exceeded_by_threads_and_processes(redis_url: str) -> N
     times = [t for got in results for t, _ in got]  # type: ignore[attr-defined]
     assert any(results[:THREADS]) and any(results[THREADS:])  # both kinds got permits
     check_bound(times, interval_ms=10)
-    # Busy enough to matter: the whole 1.5 s plus the 1 s horizon, minus slack.
-    assert len(times) >= 0.9 * 1.5 / 0.010
+    assert len(set(times)) == len(times) >= 2  # no slot granted twice (speed: bench/)
 
 
 def test_adaptive_rate_never_exceeds_its_max_under_contention(redis_url: str) -> None:
@@ -138,12 +138,12 @@ def test_threads_share_one_limiter_across_a_script_flush(redis_url: str) -> None
     rules = [RateRule("provider", 60, 600, 6, 6, 0.5, fixed_per_min=12_000)]  # T = 5 ms
     client = redis.Redis.from_url(redis_url)
     lim = StartRateLimiter(client)
-    bucket, stop = f"c-{uuid.uuid4().hex}", time.time() + 0.5
+    bucket, stop = f"c-{uuid.uuid4().hex}", threading.Event()
     times: list[int] = []
     lock = threading.Lock()
 
     def loop() -> None:
-        while time.time() < stop:
+        while not stop.is_set():
             p = lim.acquire(bucket, rules)
             if p.granted:
                 with lock:
@@ -154,8 +154,12 @@ def test_threads_share_one_limiter_across_a_script_flush(redis_url: str) -> None
     threads = [threading.Thread(target=loop) for _ in range(8)]
     for t in threads:
         t.start()
-    time.sleep(0.2)
+    eventually(lambda: len(times) >= 5, timeout=30, every=0.01, what="permits before")
     client.script_flush()  # mid-run: every thread's next EVALSHA meets NOSCRIPT
+    flushed_at = len(times)
+    eventually(lambda: len(times) >= flushed_at + 5, timeout=30, every=0.01,
+               what="permits after the flush")
+    stop.set()
     for t in threads:
         t.join()
     check_bound(times, interval_ms=5)

@@ -23,6 +23,21 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def pipe_fds(commands: int, replies: int) -> None:
+    """In the child: the DevTools pipe on fds 3 and 4, both inheritable across exec.
+
+    dup2 onto the same fd is a no-op that keeps close-on-exec, so a pipe that already is
+    3 or 4 is made inheritable explicitly (else chromium finds its pipe fds closed).
+    """
+    die_with_parent()
+    if commands == 4 or replies == 3:  # one would overwrite the other: move them first
+        commands, replies = os.dup(commands), os.dup(replies)
+    for fd, target in ((commands, 3), (replies, 4)):
+        if fd != target:
+            os.dup2(fd, target)  # the copy dup2 makes is inheritable
+        os.set_inheritable(target, True)
+
+
 class Browser:
     """One headless chromium; each `Tab` is a page in its own browser context (cookies)."""
 
@@ -31,18 +46,14 @@ class Browser:
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
 
-        def child_fds() -> None:
-            die_with_parent()
-            os.dup2(to_child_r, 3)
-            os.dup2(from_child_w, 4)
-
         self.proc = subprocess.Popen(
             [binary, "--headless", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
              "--no-first-run", "--no-default-browser-check", "--disable-extensions",
              "--disable-background-networking", "--disable-dev-shm-usage",
              f"--user-data-dir={self.profile}", "--window-size=1280,1000", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            close_fds=False, preexec_fn=child_fds, start_new_session=True)
+            close_fds=False, preexec_fn=lambda: pipe_fds(to_child_r, from_child_w),
+            start_new_session=True)
         os.close(to_child_r)
         os.close(from_child_w)
         self._next_id = 0

@@ -1,7 +1,7 @@
 """Fixtures shared by the three tiers; their helpers live in tests/support.
 
 Unit tests need no server: PostgreSQL and Redis are set up (tests.support.session) only
-when a test outside tests/unit is collected, before its module is imported.
+when the tests asked for reach outside tests/unit.
 """
 
 from __future__ import annotations
@@ -37,8 +37,21 @@ def _tier(path: Path) -> str | None:
     return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
 
 
+def _needs_servers(args: list[str], rootdir: Path) -> bool:
+    """Whether the tests asked for may reach outside tests/unit (no argument: all tests)."""
+    paths = [rootdir / arg.split("::")[0] for arg in args if not arg.startswith("-")]
+    return not paths or any(_tier(path) != "unit" for path in paths)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Servers before the session starts: pytest's fixture scan of the Celery plugin loads
+    the app's configuration, broker URL included, at session start."""
+    if _needs_servers(list(config.args), config.invocation_params.dir):
+        import tests.support.session  # noqa: F401
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> None:
-    """Servers first for a module that may need them: it may read their URLs at import."""
+    """Servers for a module that may need them, however it was named on the command line."""
     if file_path.suffix == ".py" and _tier(file_path) in ("integration", "e2e"):
         import tests.support.session  # noqa: F401
 

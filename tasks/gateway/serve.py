@@ -20,8 +20,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import REGISTRY
 
-from tasks.admission.broker import send_tasks
-from tasks.broker.app import app
+from tasks.broker.publish import publisher
 from tasks.gateway.app import create_app
 from tasks.observe import serve as metrics_serve
 from tasks.settings import Settings
@@ -47,9 +46,9 @@ def prepare_socket(path: Path) -> None:
 
 
 def _send(name: str, args: list[Any], queue_name: str) -> None:
-    """One task message by admission's lean publish (kombu's envelope in one LPUSH):
-    Celery's send_task was a tenth of the gateway's CPU."""
-    send_tasks(app, [(str(uuid.uuid4()), name, args)], queue_name)
+    """One task message by the lean publish (kombu's envelope in one LPUSH): Celery's
+    send_task was a tenth of the gateway's CPU."""
+    publisher().send_many([(str(uuid.uuid4()), name, args)], queue_name)
 
 
 async def _serve(settings: Settings) -> None:

@@ -29,7 +29,7 @@ from tasks.cli.runs import table as runs_table
 from tasks.cli.tables import show
 from tasks.store.db import session_scope
 from tasks.testing import Stack
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 HELLO = ROOT / "examples" / "plays" / "hello.py"
 NOW = datetime.now(UTC)

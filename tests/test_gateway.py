@@ -110,16 +110,31 @@ def test_a_runner_beating_past_its_time_limit_is_told_to_stop(gateway: Gateway) 
             Attempt.run_id == run.fence.run_id))
 
 
-def test_complete_settles_once_and_reports_what_won(gateway: Gateway) -> None:
+def test_complete_settles_once_and_a_spent_token_learns_nothing(gateway: Gateway) -> None:
     run = launched()
     first = call(gateway, run.token(), {"action": "complete", "result": {
         "status": "succeeded", "output": {"n": 1}}})
     assert first.json()["result"] == {"won": True, "status": "succeeded", "code": None}
+    # The runner retrying its push, or the token replayed: every action is refused alike.
     late = call(gateway, run.token(), {"action": "complete", "result": {
         "status": "failed", "code": "PLAY_ERROR", "error": "late"}})
-    assert late.json()["result"] == {"won": False, "status": "succeeded", "code": None}
+    refused(late, 409, "FENCE_LOST")
+    assert "succeeded" not in late.text and run.fence.run_id not in late.text
+    for body in ({"action": "heartbeat"}, {"action": "step_claim", "key": "k", "claim_id": "c"},
+                 {"action": "sheet_read", "table": "t"}):
+        answer = call(gateway, run.token(), body)
+        refused(answer, 409, "FENCE_LOST")
+        assert "succeeded" not in answer.text and run.fence.run_id not in answer.text
+    refused(events(gateway, run, "late", "x"), 409, "FENCE_LOST")
     view = tasks.get_run(run.fence.run_id)
     assert (view.status, view.output) == ("succeeded", {"n": 1})
+
+
+def test_a_cancelled_runs_push_is_refused_as_spent(gateway: Gateway) -> None:
+    run = launched()
+    tasks.cancel_run(run.fence.run_id)
+    refused(call(gateway, run.token(), {"action": "complete", "result": {
+        "status": "succeeded", "output": 1}}), 409, "FENCE_LOST")
 
 
 def test_a_hostile_result_is_output_invalid_not_an_error(gateway: Gateway) -> None:

@@ -335,7 +335,7 @@ class Uplink:
                 self.gateway.call(self.token, {"action": "complete", "result": result})
                 return True
             except Refused:
-                return True  # e.g. a terminal already won: nothing more to say
+                return True  # FENCE_LOST: a terminal is settled (maybe this very push)
             except Unavailable:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -52,9 +52,14 @@ _STATUS: dict[type[PlayrunError], int] = {
 }
 
 
+# A lost fence says nothing of the run: a replayed token learns neither status nor code.
+FENCE_LOST_MESSAGE = "this token's attempt is not current"
+
+
 def refusal(exc: PlayrunError) -> JSONResponse:
     status = exc.status if isinstance(exc, GatewayError) else _STATUS.get(type(exc), 400)
-    return JSONResponse({"code": exc.code, "error": exc.message}, status_code=status)
+    message = FENCE_LOST_MESSAGE if isinstance(exc, FenceLostError) else exc.message
+    return JSONResponse({"code": exc.code, "error": message}, status_code=status)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

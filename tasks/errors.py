@@ -53,6 +53,17 @@ class InputInvalidError(PlayrunError):
     code = "INPUT_INVALID"
 
 
+class IdempotencyConflictError(PlayrunError):
+    """The idempotency key was used before for another play or input."""
+
+    code = "IDEMPOTENCY_CONFLICT"
+
+    def __init__(self, message: str = "", *, run_id: str) -> None:
+        super().__init__(message)
+        # The run the key already names: what a caller may want instead.
+        self.run_id = run_id
+
+
 class DocumentInvalidError(PlayrunError):
     """A document from a sandbox is not strict, bounded, storable JSON."""
 

@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     gateway_beat_window_s: float = Field(default=0.1, ge=0, le=1.0)
     # Progress events kept per attempt; beyond this one event records how many were dropped.
     progress_max_events: int = Field(default=10_000, ge=0)
+    # Step ledger rows (completed, failed, taken over, first reuse of a key) per attempt.
+    step_max_events: int = Field(default=10_000, ge=0)
     # Runtime sheets: rows a runner admits per request, and row results it writes per request.
     sheet_page_rows: int = Field(default=500, ge=1, le=SHEET_MAX_PAGE_ROWS)
     sheet_write_rows: int = Field(default=200, ge=1, le=SHEET_MAX_PAGE_ROWS)

@@ -15,8 +15,12 @@ import pytest
 import sqlalchemy as sa
 
 import tasks
-from models import Attempt, db_now
+from models import Attempt, EventDelivery, db_now
 from tasks.execution.launch import mark_launching
+from tasks.gateway.actions import events as event_actions
+from tasks.gateway.actions.base import Context
+from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.releases import ReleaseBatcher
 from tasks.security import tokens
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
@@ -244,3 +248,28 @@ def test_the_gateway_refuses_the_development_secret_on_postgres(pg_url: str) -> 
     assert proc.returncode != 0
     assert "CONFIG_INVALID" in proc.stderr and "PLAYRUN_SECRET_KEY" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_past_the_progress_budget_deliveries_are_counted_not_stored(pg_url: str) -> None:
+    run = launched()
+    context = Context(get_settings().model_copy(update={"progress_max_events": 2}),
+                      BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0))
+    grant = tokens.Grant(run.org_id, run.fence.run_id, run.fence.generation, run.launch_id,
+                         frozenset(tokens.PROJECTION_CAPABILITIES), time.time() + 60)
+
+    def deliver(key: str, n: int) -> dict[str, Any]:
+        return event_actions.handle(grant, event_actions.AppendRunEvents(
+            action="append_run_events", idempotency_key=key, delivery_lease_owner="r",
+            events=[event_actions.ProgressItem(seq=i, message=f"m{i}") for i in range(n)]),
+            context)
+
+    assert deliver("k0", 3)["full"] is True
+    for i in range(1, 30):
+        assert deliver(f"k{i}", 2) == {"duplicate": False, "accepted": 0, "dropped": 2,
+                                       "full": True}
+    assert progress(run.fence.run_id) == ["m0", "m1"]
+    with session_scope() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(EventDelivery).where(
+            EventDelivery.run_id == run.fence.run_id)) == 1
+        assert s.scalar(sa.select(Attempt.progress_dropped).where(
+            Attempt.run_id == run.fence.run_id)) == 1 + 29 * 2

@@ -71,7 +71,7 @@ class DocumentInvalidError(PlayrunError):
 
     def __init__(self, message: str = "", *, reason: str = "invalid") -> None:
         super().__init__(message)
-        # size, encoding, syntax, depth, number or type: what callers may report.
+        # size, values, encoding, syntax, depth, number or type: what callers may report.
         self.reason = reason
 
 

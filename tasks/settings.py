@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     gateway_socket: Path = _HOME / "gateway" / "gateway.sock"
     # Largest request body the gateway reads; a result document is at most ~1 MiB.
     gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # Structure (values and containers) of one request body, bounded before it is decoded.
+    gateway_max_body_values: int = Field(default=200_000, gt=0)
     # The runner heartbeats this often; a runner silent for heartbeat_timeout_s is inspected.
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)

@@ -273,3 +273,23 @@ def test_past_the_progress_budget_deliveries_are_counted_not_stored(pg_url: str)
             EventDelivery.run_id == run.fence.run_id)) == 1
         assert s.scalar(sa.select(Attempt.progress_dropped).where(
             Attempt.run_id == run.fence.run_id)) == 1 + 29 * 2
+
+
+def test_bodies_are_bounded_by_their_action_and_their_structure(gateway: Gateway) -> None:
+    token = launched().token()
+    beat = {"Content-Type": "application/json", "Authorization": f"Bearer {token}",
+            "X-Playrun-Action": "heartbeat"}
+    # Named in the header: refused from Content-Length, before the body is read.
+    big = httpx.post(gateway.url + "/v1/runtime", headers=beat, timeout=30,
+                     content=b'{"action": "heartbeat"}' + b" " * (8 * 1024))
+    refused(big, 413, "GATEWAY_BODY_TOO_LARGE")
+    ok = httpx.post(gateway.url + "/v1/runtime", headers=beat, json={"action": "heartbeat"})
+    assert ok.json()["ok"] is True
+    other = httpx.post(gateway.url + "/v1/runtime", headers=beat,
+                       json={"action": "step_claim", "key": "k", "claim_id": "c"})
+    refused(other, 400, "GATEWAY_BAD_REQUEST")
+    # Unnamed: the body's own actions bound it once read.
+    refused(call(gateway, token, None, raw=b'{"action": "step_claim", "key": "'
+                 + b"k" * (20 * 1024) + b'", "claim_id": "c"}'), 413, "GATEWAY_BODY_TOO_LARGE")
+    cheap = b'{"action": "heartbeat", "x": [' + b"0," * 300_000 + b"0]}"
+    refused(call(gateway, token, None, raw=cheap), 400, "GATEWAY_BAD_REQUEST")

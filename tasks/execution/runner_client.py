@@ -69,11 +69,14 @@ class _Connection:
             raise _Stale("the gateway closed the connection")
         self.buffer += chunk
 
-    def post(self, path: str, data: bytes, token: str) -> tuple[int, bytes, bool]:
+    def post(self, path: str, data: bytes, token: str,
+             action: str = "") -> tuple[int, bytes, bool]:
         """(status, body, whether the gateway will close the connection)."""
+        # Naming the action lets the gateway bound the body before reading it.
+        named = f"X-Playrun-Action: {action}\r\n" if action else ""
         self.sock.sendall(
             f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+            f"{named}Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
             .encode("latin-1") + data)
         received = False
         while b"\r\n\r\n" not in self.buffer:
@@ -140,14 +143,14 @@ class Gateway:
             return _Connection(sock)
         return _Connection(socket.create_connection(self.address, timeout=REQUEST_TIMEOUT_S))
 
-    def _exchange(self, data: bytes, token: str) -> tuple[int, bytes]:
+    def _exchange(self, data: bytes, token: str, action: str = "") -> tuple[int, bytes]:
         conn: _Connection | None = getattr(self._local, "conn", None)
         reused = conn is not None
         while True:
             try:
                 if conn is None:
                     conn = self._connect()
-                status, raw, closing = conn.post(PATH, data, token)
+                status, raw, closing = conn.post(PATH, data, token, action)
             except (_Stale, OSError) as exc:
                 if conn is not None:
                     conn.close()
@@ -169,7 +172,8 @@ class Gateway:
 
     def call(self, token: str, body: dict[str, Any]) -> Any:
         data = json.dumps(body, allow_nan=False).encode()
-        status, raw = self._exchange(data, token)
+        action = body.get("action")
+        status, raw = self._exchange(data, token, action if isinstance(action, str) else "")
         try:
             doc = json.loads(raw)
         except ValueError:

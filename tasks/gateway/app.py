@@ -46,6 +46,9 @@ from tasks.store.db import session_scope
 log = logging.getLogger("playrun.gateway")
 
 MAX_BATCH = 50
+# The runner names the action it sends: its body is bounded by that action's limit before
+# a byte is read. Without it the bound is the largest of the token's actions.
+ACTION_HEADER = "x-playrun-action"
 # Status codes for the errors of the one tree that are not gateway errors.
 _STATUS: dict[type[PlayrunError], int] = {
     FenceLostError: 409, SheetWriteIntentInvalidError: 409, SheetWriteVersionMismatchError: 409,
@@ -76,6 +79,28 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def body_limit(request: Request, grant: tokens.Grant, settings: Settings,
+               withdrawn: frozenset[str]) -> tuple[int, str | None]:
+    """(bytes the body may have, the action the header names if any)."""
+    hinted = request.headers.get(ACTION_HEADER)
+    if hinted is not None:
+        action = ACTIONS.get(hinted)
+        if action is None or hinted in withdrawn:
+            raise GatewayUnknownActionError(f"unknown action {hinted[:100]!r}")
+        return min(action.max_bytes, settings.gateway_max_body_bytes), hinted
+    allowed = [a.max_bytes for a in ACTIONS.values() if a.capability in grant.capabilities]
+    return min(max(allowed, default=0), settings.gateway_max_body_bytes), None
+
+
+def check_sizes(actions: list[Action], size: int, hinted: str | None) -> None:
+    """What the body's actions turned out to be bounds it too, before they are validated."""
+    if hinted is not None and any(a.name != hinted for a in actions):
+        raise GatewayBadRequestError(f"the body holds actions other than {hinted[:100]!r}")
+    limit = max(a.max_bytes for a in actions)
+    if size > limit:
+        raise GatewayBodyTooLargeError(f"the body is larger than {limit} bytes")
+
+
 def bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -98,7 +123,8 @@ def _validate(action: Action, item: dict[str, Any]) -> ActionRequest:
             f"{action.name}: {where}: {first['msg']}"[:500]) from None
 
 
-def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple[Action, Any]]:
+def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str], size: int = 0,
+         hinted: str | None = None) -> list[tuple[Action, Any]]:
     """Every action of the request, resolved and allowed, or the first refusal."""
     if not isinstance(doc, dict):
         raise GatewayBadRequestError("the body must be a JSON object")
@@ -110,7 +136,7 @@ def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple
             raise GatewayBadRequestError(f"`actions` must list 1 to {MAX_BATCH} actions")
     else:
         items = [doc]
-    planned = []
+    resolved = []
     for item in items:
         name = item.get("action") if isinstance(item, dict) else None
         if not isinstance(name, str):
@@ -120,8 +146,9 @@ def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple
             raise GatewayUnknownActionError(f"unknown action {name[:100]!r}")
         if action.capability not in grant.capabilities:
             raise CapabilityDeniedError(f"{name} needs the {action.capability} capability")
-        planned.append((action, _validate(action, item)))
-    return planned
+        resolved.append((action, item))
+    check_sizes([a for a, _ in resolved], size, hinted)
+    return [(action, _validate(action, item)) for action, item in resolved]
 
 
 async def run_action(action: Action, grant: tokens.Grant, model: ActionRequest,
@@ -142,13 +169,15 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
         started = time.perf_counter()
         label, code = observe.UNKNOWN, observe.OK
         try:
-            body = await read_body(request, settings.gateway_max_body_bytes)
             grant = tokens.verify(bearer(request), settings.secret_key)
+            limit, hinted = body_limit(request, grant, settings, withdrawn)
+            body = await read_body(request, limit)
             try:
-                doc = untrusted.parse(body, max_bytes=settings.gateway_max_body_bytes)
+                doc = untrusted.parse(body, max_bytes=limit,
+                                      max_values=settings.gateway_max_body_values)
             except DocumentInvalidError as exc:
                 raise GatewayBadRequestError(f"the body is not usable: {exc.message}") from None
-            planned = plan(doc, grant, withdrawn)
+            planned = plan(doc, grant, withdrawn, len(body), hinted)
             label = observe.request_label([a.name for a, _ in planned], "actions" in doc)
             results = []
             for action, model in planned:

@@ -177,6 +177,17 @@ class GatewayBodyTooLargeError(GatewayError):
     status = 413
 
 
+class GatewayRateLimitedError(GatewayError):
+    """The attempt sent more than its budget allows; retry after the time given."""
+
+    code = "GATEWAY_RATE_LIMITED"
+    status = 429
+
+    def __init__(self, message: str = "", *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class GatewayUnknownActionError(GatewayError):
     """The gateway does not know this action."""
 

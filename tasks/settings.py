@@ -29,6 +29,12 @@ class Settings(BaseSettings):
     gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     # Structure (values and containers) of one request body, bounded before it is decoded.
     gateway_max_body_values: int = Field(default=200_000, gt=0)
+    # Per attempt: requests at once, and token buckets of requests and bytes (the byte
+    # burst is twice the largest body). An honest runner stays far below them.
+    gateway_attempt_in_flight: int = Field(default=8, ge=1)
+    gateway_attempt_requests_per_s: float = Field(default=50.0, gt=0)
+    gateway_attempt_request_burst: float = Field(default=200.0, ge=1)
+    gateway_attempt_bytes_per_s: float = Field(default=4 * 1024 * 1024, gt=0)
     # The runner heartbeats this often; a runner silent for heartbeat_timeout_s is inspected.
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)

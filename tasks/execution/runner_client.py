@@ -24,6 +24,8 @@ BATCH = 500
 # Events held in memory while the gateway is away; beyond this they are counted, not kept.
 BUFFER_LIMIT = 20_000
 DELIVER_EVERY_S = 0.2
+# How long one call waits out 429s before it reports the gateway unavailable.
+MAX_RATE_WAIT_S = 60.0
 # Answers that mean this runner no longer owns its attempt: it must stop.
 STOP_CODES = frozenset({"FENCE_LOST", "GATEWAY_TOKEN_EXPIRED", "GATEWAY_TOKEN_INVALID",
                         "GATEWAY_CAPABILITY_DENIED"})
@@ -173,11 +175,24 @@ class Gateway:
     def call(self, token: str, body: dict[str, Any]) -> Any:
         data = json.dumps(body, allow_nan=False).encode()
         action = body.get("action")
-        status, raw = self._exchange(data, token, action if isinstance(action, str) else "")
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            raise Unavailable(f"HTTP {status} without JSON") from None
+        waited = 0.0
+        while True:
+            status, raw = self._exchange(data, token, action if isinstance(action, str) else "")
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                raise Unavailable(f"HTTP {status} without JSON") from None
+            if status != 429 or not isinstance(doc, dict) or waited >= MAX_RATE_WAIT_S:
+                break
+            # Past this attempt's rate: wait as told and send the same request again, so
+            # the caller keeps its place (a delivery's order, a step's claim).
+            pause = doc.get("retry_after_s")
+            pause = min(float(pause), 5.0) if isinstance(pause, int | float) and pause > 0 \
+                else 0.5
+            time.sleep(pause)
+            waited += pause
+        if status == 429:
+            raise Unavailable("the gateway kept this runner past its rate")
         if status == 200 and isinstance(doc, dict):
             return doc.get("result")
         if status >= 500 or not isinstance(doc, dict):

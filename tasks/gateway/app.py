@@ -28,6 +28,7 @@ from tasks.errors import (
     GatewayBadRequestError,
     GatewayBodyTooLargeError,
     GatewayError,
+    GatewayRateLimitedError,
     GatewayUnknownActionError,
     GatewayUnknownFieldError,
     PlayrunError,
@@ -37,6 +38,7 @@ from tasks.errors import (
 from tasks.gateway import observe
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.budgets import Budgets, retry_after_header
 from tasks.gateway.releases import ReleaseBatcher, Send
 from tasks.parse import untrusted
 from tasks.security import tokens
@@ -62,6 +64,10 @@ FENCE_LOST_MESSAGE = "this token's attempt is not current"
 def refusal(exc: PlayrunError) -> JSONResponse:
     status = exc.status if isinstance(exc, GatewayError) else _STATUS.get(type(exc), 400)
     message = FENCE_LOST_MESSAGE if isinstance(exc, FenceLostError) else exc.message
+    if isinstance(exc, GatewayRateLimitedError):
+        return JSONResponse({"code": exc.code, "error": message,
+                             "retry_after_s": round(exc.retry_after_s, 3)}, status_code=status,
+                            headers={"Retry-After": retry_after_header(exc.retry_after_s)})
     return JSONResponse({"code": exc.code, "error": message}, status_code=status)
 
 
@@ -164,13 +170,23 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
     releases = ReleaseBatcher(send_task, RELEASE_BATCH_WINDOW_S)
     ctx = Context(settings=settings, beats=beats, releases=releases)
     withdrawn = frozenset(settings.gateway_withdrawn_actions)
+    budgets = Budgets(settings.gateway_attempt_requests_per_s,
+                      settings.gateway_attempt_request_burst,
+                      settings.gateway_attempt_bytes_per_s,
+                      float(settings.gateway_max_body_bytes) * 2,
+                      settings.gateway_attempt_in_flight)
 
     async def runtime(request: Request) -> JSONResponse:
         started = time.perf_counter()
         label, code = observe.UNKNOWN, observe.OK
+        admitted: tuple[str, int] | None = None
         try:
             grant = tokens.verify(bearer(request), settings.secret_key)
             limit, hinted = body_limit(request, grant, settings, withdrawn)
+            declared = request.headers.get("content-length", "")
+            attempt = (grant.run_id, grant.generation)
+            budgets.admit(attempt, int(declared) if declared.isdigit() else limit)
+            admitted = attempt
             body = await read_body(request, limit)
             try:
                 doc = untrusted.parse(body, max_bytes=limit,
@@ -196,6 +212,8 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             code = "GATEWAY_INTERNAL"
             return JSONResponse({"code": code, "error": "internal error"}, status_code=500)
         finally:
+            if admitted is not None:
+                budgets.release(admitted)
             observe.request(label, code, time.perf_counter() - started)
         if "actions" in doc:
             return JSONResponse({"ok": True, "results": results})

@@ -108,12 +108,20 @@ class EventKind(enum.StrEnum):
     CANCEL_REQUESTED = "run.cancel_requested"
     MAINTENANCE_FAILED = "run.maintenance_failed"
     PROGRESS_DROPPED = "run.progress_dropped"
+    # An attempt spent a ledger budget: later rows of that group are not written.
+    LEDGER_BUDGET_SPENT = "ledger.budget_spent"
+    # The gateway refused an attempt's request past its rate or its hard budget.
+    GATEWAY_REFUSED = "gateway.refused"
     RUNNER_LOST = "runner.lost"
     RUNNER_UNREACHABLE = "runner.unreachable"
     SUCCEEDED = "run.succeeded"
     FAILED = "run.failed"
     CANCELLED = "run.cancelled"
 
+
+# Ledger rows the step actions write, budgeted together per attempt (settings.step_max_events).
+STEP_EVENTS: Final = (EventKind.STEP_REUSED, EventKind.STEP_COMPLETED, EventKind.STEP_FAILED,
+                      EventKind.STEP_TAKEN_OVER)
 
 TERMINAL_EVENT: Final = {
     RunStatus.SUCCEEDED: EventKind.SUCCEEDED,

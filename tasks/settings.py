@@ -27,6 +27,14 @@ class Settings(BaseSettings):
     gateway_socket: Path = _HOME / "gateway" / "gateway.sock"
     # Largest request body the gateway reads; a result document is at most ~1 MiB.
     gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # Structure (values and containers) of one request body, bounded before it is decoded.
+    gateway_max_body_values: int = Field(default=200_000, gt=0)
+    # Per attempt: requests at once, and token buckets of requests and bytes (the byte
+    # burst is twice the largest body). An honest runner stays far below them.
+    gateway_attempt_in_flight: int = Field(default=8, ge=1)
+    gateway_attempt_requests_per_s: float = Field(default=50.0, gt=0)
+    gateway_attempt_request_burst: float = Field(default=200.0, ge=1)
+    gateway_attempt_bytes_per_s: float = Field(default=4 * 1024 * 1024, gt=0)
     # The runner heartbeats this often; a runner silent for heartbeat_timeout_s is inspected.
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
@@ -35,6 +43,8 @@ class Settings(BaseSettings):
     gateway_beat_window_s: float = Field(default=0.1, ge=0, le=1.0)
     # Progress events kept per attempt; beyond this one event records how many were dropped.
     progress_max_events: int = Field(default=10_000, ge=0)
+    # Step ledger rows (completed, failed, taken over, first reuse of a key) per attempt.
+    step_max_events: int = Field(default=10_000, ge=0)
     # Runtime sheets: rows a runner admits per request, and row results it writes per request.
     sheet_page_rows: int = Field(default=500, ge=1, le=SHEET_MAX_PAGE_ROWS)
     sheet_write_rows: int = Field(default=200, ge=1, le=SHEET_MAX_PAGE_ROWS)

@@ -40,9 +40,14 @@ Handler = Callable[[Grant, Any, Context], dict[str, Any]]
 AsyncHandler = Callable[[Grant, Any, Context], Awaitable[dict[str, Any]]]
 
 
+KIB = 1024
+
+
 @dataclass(frozen=True)
 class Action:
     name: str
     capability: str
     model: type[ActionRequest]
     handler: Handler | AsyncHandler
+    # The largest body an honest runner sends for it (the gateway's limit caps it too).
+    max_bytes: int = 64 * KIB

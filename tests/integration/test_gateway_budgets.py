@@ -11,8 +11,9 @@ import pytest
 from tasks.errors import GatewayRateLimitedError
 from tasks.execution import runner_client
 from tasks.gateway.budgets import Budgets
-from tests.conftest import Gateway, free_port, worker_env
-from tests.test_gateway import call, launched
+from tasks.host.processes import free_port
+from tests.support.gateway import call, launched
+from tests.support.stack import Gateway, worker_env
 
 
 def budgets() -> Budgets:

@@ -88,7 +88,7 @@ class Settings(BaseSettings):
                     "own user namespace; pids.max with cgroup v2).")
     sandbox_max_dir_mb: int = Field(
         default=512, gt=0,
-        description="Disk a sandbox's directory may use; past it the sandbox is stopped.")
+        description="Disk space a sandbox's directory may use; past it the sandbox is stopped.")
     sandbox_cgroup: Path | None = Field(
         default=None,
         description="A cgroup v2 directory delegated for per-sandbox memory, pids and cpu "

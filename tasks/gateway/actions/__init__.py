@@ -1,4 +1,4 @@
-"""The one table of gateway actions: each needs exactly one capability (SPEC 4.9)."""
+"""The one table of gateway actions: each needs exactly one capability (docs/contract.md)."""
 
 from __future__ import annotations
 

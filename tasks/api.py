@@ -20,7 +20,7 @@ from models import Attempt, Run, db_now
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
 from tasks.admission.submit import Admitted, RunRequest, admit, admit_many
-from tasks.broker.app import app, send
+from tasks.broker.app import send
 from tasks.constants import (
     DEFAULT_EVENTS_PAGE,
     KEY_RUN_DONE,
@@ -161,7 +161,7 @@ def _published(admitted: list[Admitted]) -> list[RunHandle]:
     # un-marked for the beat sweep (and a crash here leaves them to its resend).
     messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT, [a.run_id])
                                for a in admitted if a.outbox_id is not None]
-    published = publish_admitted(app, messages) if messages else True
+    published = publish_admitted(messages) if messages else True
     return [RunHandle(a.run_id, a.created, published or a.outbox_id is None)
             for a in admitted]
 
@@ -300,5 +300,5 @@ def run_again(run_id: str, *, idempotency_key: str | None = None) -> RunHandle:
     admitted = admit_again(run_id, idempotency_key)
     if admitted.outbox_id is not None:
         # Its outbox row is not marked sent yet: the relay claims it, then publishes.
-        publish_due(app, ids=[admitted.outbox_id])
+        publish_due(ids=[admitted.outbox_id])
     return RunHandle(admitted.run_id, admitted.created)

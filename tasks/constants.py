@@ -164,7 +164,7 @@ RUNNER_CLIENT_FILE: Final = protocol.RUNNER_CLIENT_FILE
 RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
 RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
-# The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
+# The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
 SCHEMA_REVISION: Final = "0009"
 
 # Celery queue and task names.

@@ -37,6 +37,24 @@ class ProcessNotReadyError(PlayrunError):
     code = "PROCESS_NOT_READY"
 
 
+class NoStackError(ConfigurationError):
+    """No database is configured and no `playrun dev` runs."""
+
+    code = "NO_STACK"
+
+
+class AddressInUseError(ConfigurationError):
+    """A server's listen address is taken by another process."""
+
+    code = "ADDRESS_IN_USE"
+
+
+class SheetNotFoundError(PlayrunError):
+    """No such sheet for this org and play."""
+
+    code = "SHEET_NOT_FOUND"
+
+
 class SchemaNotCurrentError(PlayrunError):
     """The database is not at the Alembic head revision."""
 

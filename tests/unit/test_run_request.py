@@ -12,7 +12,7 @@ import tasks
 from tasks import RunRequest, RunStatus
 from tasks.admission import relay
 from tasks.errors import PlayrunError
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 

@@ -49,6 +49,9 @@ from tasks.store.runquery import run_cursor as run_cursor
 
 @dataclass(frozen=True)
 class RunResult:
+    """A run's terminal outcome, as `RunHandle.wait` returns it: `output` on success,
+    `code` and `error` on failure."""
+
     status: RunStatus
     output: Any
     error: str | None
@@ -57,6 +60,9 @@ class RunResult:
 
 @dataclass(frozen=True)
 class AttemptView:
+    """One attempt of a run: its generation and state, its sandbox, when it started and
+    ended, and (while running) its last heartbeat and heartbeat deadline."""
+
     generation: int
     state: AttemptState
     sandbox_id: str | None
@@ -69,6 +75,9 @@ class AttemptView:
 
 @dataclass(frozen=True)
 class RunView:
+    """A run as `get_run` reads it: status, outcome, timestamps and its attempts (empty in
+    `list_runs`, which reads runs without them)."""
+
     id: str
     org_id: str
     status: RunStatus  # a StrEnum: equal to its plain string too
@@ -103,6 +112,7 @@ class RunHandle:
         return f"RunHandle({self.id!r})"
 
     def view(self) -> RunView:
+        """The run as it is now (`get_run`)."""
         return get_run(self.id)
 
     def wait(self, timeout: float | None = 60.0) -> RunResult:
@@ -210,6 +220,7 @@ def _outcome(run_id: str) -> tuple[str, RunResult | None]:
 
 
 def get_run(run_id: str) -> RunView:
+    """The run with this id, with its attempts (`resolve_run_id` turns a prefix into an id)."""
     run_id = check_run_id(run_id)
     ensure_schema_once()
     with session_scope(readonly=True) as session:

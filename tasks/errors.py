@@ -1,4 +1,4 @@
-"""One exception root for playrun; every error carries a stable code (SPEC section 5)."""
+"""One exception root for playrun; every error carries a stable code (docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def defer(fence: Fence, cause: Cause, settings: Settings, *,
     A cancel that arrived during acquisition wins over waiting for another try.
     """
     if _cancel_requested(fence.run_id):
-        # The sandbox goes before the final `cancelled` write below (SPEC 4.10).
+        # The sandbox goes before the final `cancelled` write below (docs/design.md).
         release_sandboxes(fence.run_id, fence.generation, fence.lease_token)
     outbox_id, delay = None, 0
     with session_scope() as session:

@@ -1,4 +1,4 @@
-"""The `playrun` command line (SPEC section 5)."""
+"""The `playrun` command line (docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,9 @@ from tasks.constants import EventKind
 
 @dataclass(frozen=True)
 class Event:
+    """One ledger event: its `kind` (an `EventKind` value), `at` (database time,
+    timezone-aware), `data`, the attempt `generation` it belongs to, and `seq`."""
+
     kind: str
     at: datetime
     data: dict[str, Any]

@@ -1,4 +1,4 @@
-"""The deferral maths (SPEC 4.6): exponential, capped, equal jitter, a known wait as floor."""
+"""The deferral maths (docs/design.md): exponential, capped, equal jitter, a known wait as floor."""
 
 from __future__ import annotations
 

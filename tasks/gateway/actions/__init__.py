@@ -1,4 +1,4 @@
-"""The one table of gateway actions: each needs exactly one capability (SPEC 4.9), and
+"""The one table of gateway actions: each needs exactly one capability (docs/contract.md), and
 has a body bound of its own (a beat needs bytes, a result document megabytes)."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from tasks.store.fence import LaunchFence
 
 
 class ActionRequest(BaseModel):
-    """Unknown fields are refused, never ignored (SPEC 4.9)."""
+    """Unknown fields are refused, never ignored (docs/contract.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -20,7 +20,7 @@ from models import Attempt, Run, db_now
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
 from tasks.admission.submit import Admitted, RunRequest, admit, admit_many
-from tasks.broker.app import send
+from tasks.broker.publish import send
 from tasks.constants import (
     DEFAULT_EVENTS_PAGE,
     KEY_RUN_DONE,

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from kombu.utils.json import dumps as kombu_dumps
 
-from tasks.broker.publish import Message
+from tasks.broker.message import Message
 from tasks.broker.taskrepr import shown
 from tasks.constants import QUEUE
 from tasks.store.notify import redis_client

@@ -46,7 +46,7 @@ class Run(Base):
     output: Mapped[Any] = mapped_column(JSONType, nullable=True)
     current_generation: Mapped[int] = mapped_column(sa.Integer, default=0)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Bounded deferral of pre-code failures (SPEC 4.6).
+    # Bounded deferral of pre-code failures (docs/contract.md).
     deferral_count: Mapped[int] = mapped_column(sa.Integer, default=0)
     deferral_total_ms: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     deferred_until: Mapped[datetime | None] = mapped_column(UTCDateTime)

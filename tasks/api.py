@@ -20,7 +20,7 @@ from models import Attempt, Run, db_now
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
 from tasks.admission.submit import Admitted, RunRequest, admit, admit_many
-from tasks.broker.app import app, send
+from tasks.broker.app import send
 from tasks.constants import (
     DEFAULT_EVENTS_PAGE,
     KEY_RUN_DONE,
@@ -49,6 +49,9 @@ from tasks.store.runquery import run_cursor as run_cursor
 
 @dataclass(frozen=True)
 class RunResult:
+    """A run's terminal outcome, as `RunHandle.wait` returns it: `output` on success,
+    `code` and `error` on failure."""
+
     status: RunStatus
     output: Any
     error: str | None
@@ -57,6 +60,9 @@ class RunResult:
 
 @dataclass(frozen=True)
 class AttemptView:
+    """One attempt of a run: its generation and state, its sandbox, when it started and
+    ended, and (while running) its last heartbeat and heartbeat deadline."""
+
     generation: int
     state: AttemptState
     sandbox_id: str | None
@@ -69,6 +75,9 @@ class AttemptView:
 
 @dataclass(frozen=True)
 class RunView:
+    """A run as `get_run` reads it: status, outcome, timestamps and its attempts (empty in
+    `list_runs`, which reads runs without them)."""
+
     id: str
     org_id: str
     status: RunStatus  # a StrEnum: equal to its plain string too
@@ -103,6 +112,7 @@ class RunHandle:
         return f"RunHandle({self.id!r})"
 
     def view(self) -> RunView:
+        """The run as it is now (`get_run`)."""
         return get_run(self.id)
 
     def wait(self, timeout: float | None = 60.0) -> RunResult:
@@ -151,7 +161,7 @@ def _published(admitted: list[Admitted]) -> list[RunHandle]:
     # un-marked for the beat sweep (and a crash here leaves them to its resend).
     messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT, [a.run_id])
                                for a in admitted if a.outbox_id is not None]
-    published = publish_admitted(app, messages) if messages else True
+    published = publish_admitted(messages) if messages else True
     return [RunHandle(a.run_id, a.created, published or a.outbox_id is None)
             for a in admitted]
 
@@ -210,6 +220,7 @@ def _outcome(run_id: str) -> tuple[str, RunResult | None]:
 
 
 def get_run(run_id: str) -> RunView:
+    """The run with this id, with its attempts (`resolve_run_id` turns a prefix into an id)."""
     run_id = check_run_id(run_id)
     ensure_schema_once()
     with session_scope(readonly=True) as session:
@@ -289,5 +300,5 @@ def run_again(run_id: str, *, idempotency_key: str | None = None) -> RunHandle:
     admitted = admit_again(run_id, idempotency_key)
     if admitted.outbox_id is not None:
         # Its outbox row is not marked sent yet: the relay claims it, then publishes.
-        publish_due(app, ids=[admitted.outbox_id])
+        publish_due(ids=[admitted.outbox_id])
     return RunHandle(admitted.run_id, admitted.created)

@@ -1,4 +1,4 @@
-"""One exception root for playrun; every error carries a stable code (SPEC section 5)."""
+"""One exception root for playrun; every error carries a stable code (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,24 @@ class ProcessNotReadyError(PlayrunError):
     code = "PROCESS_NOT_READY"
 
 
+class NoStackError(ConfigurationError):
+    """No database is configured and no `playrun dev` runs."""
+
+    code = "NO_STACK"
+
+
+class AddressInUseError(ConfigurationError):
+    """A server's listen address is taken by another process."""
+
+    code = "ADDRESS_IN_USE"
+
+
+class SheetNotFoundError(PlayrunError):
+    """No such sheet for this org and play."""
+
+    code = "SHEET_NOT_FOUND"
+
+
 class SchemaNotCurrentError(PlayrunError):
     """The database is not at the Alembic head revision."""
 
@@ -61,6 +79,17 @@ class InputInvalidError(PlayrunError):
     code = protocol.INPUT_INVALID
 
 
+class IdempotencyConflictError(PlayrunError):
+    """The idempotency key was used before for another play or input."""
+
+    code = "IDEMPOTENCY_CONFLICT"
+
+    def __init__(self, message: str = "", *, run_id: str) -> None:
+        super().__init__(message)
+        # The run the key already names: what a caller may want instead.
+        self.run_id = run_id
+
+
 class DocumentInvalidError(PlayrunError):
     """A document from a sandbox is not strict, bounded, storable JSON."""
 
@@ -68,7 +97,7 @@ class DocumentInvalidError(PlayrunError):
 
     def __init__(self, message: str = "", *, reason: str = "invalid") -> None:
         super().__init__(message)
-        # size, encoding, syntax, depth, number or type: what callers may report.
+        # size, values, encoding, syntax, depth, number or type: what callers may report.
         self.reason = reason
 
 
@@ -172,6 +201,17 @@ class GatewayBodyTooLargeError(GatewayError):
 
     code = protocol.GATEWAY_BODY_TOO_LARGE
     status = 413
+
+
+class GatewayRateLimitedError(GatewayError):
+    """The attempt sent more than its budget allows; retry after the time given."""
+
+    code = "GATEWAY_RATE_LIMITED"
+    status = 429
+
+    def __init__(self, message: str = "", *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class GatewayUnknownActionError(GatewayError):

@@ -1,4 +1,4 @@
-"""Pure maths of the bounded deferral (SPEC 4.6): delay with jitter, and the budget."""
+"""Pure maths of the bounded deferral (docs/contract.md): delay with jitter, and the budget."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Any, Literal
+from typing import Literal
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from models import Attempt, Outbox, Run, db_now
 from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
 from tasks.admission.submit import enqueue_start
+from tasks.broker.publish import publisher
 from tasks.constants import (
     QUEUE,
     START_DEFERRAL_EXHAUSTED,
@@ -50,14 +51,14 @@ class Verdict(enum.StrEnum):
     CANCELLED = "cancelled"  # a cancel arrived first
 
 
-def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
+def defer(fence: Fence, cause: Cause, settings: Settings, *,
           at_least_ms: int = 0, detail: str = "") -> Verdict:
     """Schedule the attempt again later, or fail the run once the budget is spent.
 
     A cancel that arrived during acquisition wins over waiting for another try.
     """
     if _cancel_requested(fence.run_id):
-        # The sandbox goes before the final `cancelled` write below (SPEC 4.10).
+        # The sandbox goes before the final `cancelled` write below (docs/design.md).
         release_sandboxes(fence.run_id, fence.generation, fence.lease_token)
     outbox_id, delay = None, 0
     with session_scope() as session:
@@ -87,7 +88,7 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
         run_settled(fence.run_id,
                     RunStatus.FAILED if verdict is Verdict.EXHAUSTED else RunStatus.CANCELLED)
     elif outbox_id is not None and delay / 1000 <= settings.max_countdown_s:
-        _publish_with_countdown(app, outbox_id, fence.run_id, delay / 1000)
+        _publish_with_countdown(outbox_id, fence.run_id, delay / 1000)
     return verdict
 
 
@@ -121,11 +122,11 @@ def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cau
     return enqueue_start(session, fence.run_id, delay_s=delay / 1000)
 
 
-def _publish_with_countdown(app: Any, outbox_id: str, run_id: str, countdown: float) -> None:
+def _publish_with_countdown(outbox_id: str, run_id: str, countdown: float) -> None:
     """Short waits ride a Celery countdown; if the broker is down the sweep publishes later."""
     try:
-        app.send_task(TASK_START_ATTEMPT, args=[run_id], task_id=outbox_id, queue=QUEUE,
-                      countdown=countdown)
+        publisher().send(TASK_START_ATTEMPT, [run_id], task_id=outbox_id, queue=QUEUE,
+                         countdown=countdown)
     except Exception as exc:  # noqa: BLE001 - any broker error: the sweep publishes it
         log.warning("deferred start of run %s left to the sweep: %s", run_id, exc)
         return

@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from tasks.acquisition import capacity, permits
 from tasks.acquisition import policy as traffic
@@ -127,24 +126,24 @@ def _first_start(run_id: str, settings: Settings, policy: traffic.Policy) -> Ope
 _DEFERRED = Acquired(Step.DEFERRED)
 
 
-def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
+def acquire_sandbox(opened: Opened, settings: Settings) -> Acquired:
     """Raises FenceLostError when the attempt lost its fence on the way."""
     claimed, policy = opened.claimed, opened.policy
     fence = claimed.fence
     provider: SandboxProvider = provider_for()
     if policy.mode == traffic.HOLD:
-        defer(fence, "hold", settings, app, detail="hold_new_sandbox_starts is in force")
+        defer(fence, "hold", settings, detail="hold_new_sandbox_starts is in force")
         return _DEFERRED
     # Capacity first: a run that waits for its org's capacity burns no start permit.
     if opened.full is not None:
         exc = opened.full
         if settings.capacity_full == "defer":
-            defer(fence, "capacity", settings, app, detail=exc.message)
+            defer(fence, "capacity", settings, detail=exc.message)
             return _DEFERRED
         return Acquired(Step.FAILED, code=exc.code, error=f"{exc.code}: {exc.message}",
                         reason="capacity")
     if opened.provider_full:  # never a play failure: the provider's slots come back
-        defer(fence, "provider_capacity", settings, app,
+        defer(fence, "provider_capacity", settings,
               detail=f"{settings.provider_max_live} {provider.name} sandboxes live "
                      "(PLAYRUN_PROVIDER_MAX_LIVE)")
         return _DEFERRED
@@ -153,7 +152,7 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
     published = getattr(provider, "create_rate_per_min", None)
     decision = permits.acquire(provider.name, policy, settings, published)
     if not decision.granted:
-        defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
+        defer(fence, "throttle", settings, at_least_ms=decision.wait_ms,
               detail=f"start rate {decision.rate:g}/min")
         return _DEFERRED
     try:
@@ -169,7 +168,7 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
                              refused_rate=decision.rate if exc.kind == "rate_limited" else None)
         # The server's own Retry-After is a floor: asking sooner only earns another refusal.
         floor_ms = int(min(exc.retry_after_s or 0.0, settings.deferral_max_ms / 1000) * 1000)
-        defer(fence, cause, settings, app, detail=str(exc)[:200],  # type: ignore[arg-type]
+        defer(fence, cause, settings, detail=str(exc)[:200],  # type: ignore[arg-type]
               at_least_ms=floor_ms)
         return _DEFERRED
     permits.accepted(provider.name)  # the adaptive rate grows on real starts only

@@ -6,7 +6,9 @@ rows (the statement text does not grow with the batch, so its plan is reused). O
 SQLite, which has no data-modifying CTEs, four multi-row INSERTs do the same in the
 caller's BEGIN IMMEDIATE transaction. On PostgreSQL the caller may run the write in
 autocommit: a single statement is a transaction of its own. A key already used by the
-org inserts nothing (ON CONFLICT DO NOTHING); its earlier run is looked up afterwards.
+org inserts nothing (ON CONFLICT DO NOTHING); its earlier run is looked up afterwards,
+and if that run had another play or input the key is an IDEMPOTENCY_CONFLICT. A batch
+with such a key writes none of its runs (the statement checks before it inserts).
 
 One run (submit_run) has its own statement of plain values: no arrays to adapt and
 unnest, a third less work for PostgreSQL than the batch statement. On PostgreSQL a
@@ -31,6 +33,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from models import Outbox, PlayBundle, Run, RunEvent, db_now, new_id
 from tasks.admission.validate import PlaySource
 from tasks.constants import TASK_START_ATTEMPT, EventKind, RunStatus
+from tasks.errors import IdempotencyConflictError
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,25 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """JSON equality as PostgreSQL's jsonb has it: numbers by value, booleans apart."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def conflict(run_id: str, key: str | None) -> IdempotencyConflictError:
+    return IdempotencyConflictError(
+        f"the idempotency key {key!r} names run {run_id}, submitted with another play or "
+        "input", run_id=run_id)
+
+
 # The statement sets sent_at at insert when the admitting process publishes right after
 # commit (handed_off): no second transaction to mark it. If that process dies before it
 # publishes, the sweep's resend of long-queued runs picks the row up (relay.resend_stale).
@@ -72,11 +94,16 @@ WITH items AS (
     INSERT INTO play_bundles (digest, source, size)
     SELECT * FROM unnest(%(b_digest)s::varchar[], %(b_source)s::text[], %(b_size)s::int[])
     ON CONFLICT (digest) DO NOTHING
+), conflicted AS (
+    SELECT 1 FROM items JOIN runs r
+      ON r.org_id = items.org_id AND r.idempotency_key = items.idempotency_key
+    WHERE r.input IS DISTINCT FROM items.input OR r.play_digest <> items.play_digest
+    LIMIT 1
 ), inserted AS (
     INSERT INTO runs (id, org_id, play_path, play_digest, idempotency_key, input, status,
                       current_generation, deferral_count, deferral_total_ms)
     SELECT id, org_id, play_path, play_digest, idempotency_key, input, '{RunStatus.QUEUED}', 0, 0, 0
-    FROM items
+    FROM items WHERE NOT EXISTS (SELECT 1 FROM conflicted)
     ON CONFLICT (org_id, idempotency_key) DO NOTHING
     RETURNING id
 ), events AS (
@@ -123,8 +150,11 @@ SELECT id FROM inserted
 _PG_ONE = {True: _PG_WRITE_ONE.format(bundle=_PG_BUNDLE), False: _PG_WRITE_ONE.format(bundle="")}
 
 _PG_EXISTING = """
-SELECT r.org_id, r.idempotency_key, r.id FROM runs r
-JOIN unnest(%(org)s::varchar[], %(key)s::varchar[]) AS k(org_id, idempotency_key)
+SELECT r.org_id, r.idempotency_key, r.id,
+       r.input IS NOT DISTINCT FROM k.input AND r.play_digest = k.digest
+FROM runs r
+JOIN unnest(%(org)s::varchar[], %(key)s::varchar[], %(input)s::jsonb[], %(digest)s::varchar[])
+  AS k(org_id, idempotency_key, input, digest)
   ON r.org_id = k.org_id AND r.idempotency_key = k.idempotency_key
 """
 
@@ -199,25 +229,36 @@ def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
 
 
 def _existing_pg(cur: psycopg.Cursor[Any],
-                 pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    if not pairs:
+                 items: list[NewRun]) -> dict[tuple[str, str], tuple[str, bool]]:
+    if not items:
         return {}
-    cur.execute(_PG_EXISTING, {"org": [o for o, _ in pairs], "key": [k for _, k in pairs]})
-    return {(org, key): run_id for org, key, run_id in cur.fetchall()}
+    cur.execute(_PG_EXISTING, {"org": [i.org_id for i in items],
+                               "key": [i.idempotency_key for i in items],
+                               "input": [_dumps(i.input) for i in items],
+                               "digest": [i.play.digest for i in items]})
+    return {(org, key): (run_id, same) for org, key, run_id, same in cur.fetchall()}
 
 
 def _existing_sqlite(conn: sa.Connection,
-                     pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    if not pairs:
+                     items: list[NewRun]) -> dict[tuple[str, str], tuple[str, bool]]:
+    if not items:
         return {}
-    rows = conn.execute(sa.select(Run.org_id, Run.idempotency_key, Run.id).where(
-        sa.tuple_(Run.org_id, Run.idempotency_key).in_(pairs)))
-    return {(org, str(key)): run_id for org, key, run_id in rows}
+    wanted = {(i.org_id, i.idempotency_key or ""): i for i in items}
+    rows = conn.execute(sa.select(Run.org_id, Run.idempotency_key, Run.id, Run.input,
+                                  Run.play_digest).where(
+        sa.tuple_(Run.org_id, Run.idempotency_key).in_(list(wanted))))
+    found = {}
+    for org, key, run_id, stored, digest in rows:
+        item = wanted[(org, str(key))]
+        found[(org, str(key))] = (run_id, digest == item.play.digest
+                                  and same_json(stored, item.input))
+    return found
 
 
-# (ordered items, run ids, outbox ids) -> the run ids inserted; (org, key) pairs -> runs.
+# (ordered items, run ids, outbox ids) -> the run ids inserted; items with a key ->
+# (org, key) -> (their earlier run, whether it had the same play and input).
 _Insert = Callable[[list[NewRun], list[str], list[str]], set[str]]
-_Existing = Callable[[list[tuple[str, str]]], dict[tuple[str, str], str]]
+_Existing = Callable[[list[NewRun]], dict[tuple[str, str], tuple[str, bool]]]
 
 
 def write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], *, handed_off: bool,
@@ -248,16 +289,21 @@ def _write(items: Sequence[NewRun], insert: _Insert, existing: _Existing) -> lis
     ids = [new_id() for _ in ordered]
     outbox_ids = [str(uuid.uuid4()) for _ in ordered]
     inserted = insert(ordered, ids, outbox_ids)
-    missing = [(item.org_id, item.idempotency_key) for item, run_id in zip(ordered, ids,
-                                                                            strict=True)
+    missing = [(pos, item) for pos, item, run_id in zip(order, ordered, ids, strict=True)
                if run_id not in inserted and item.idempotency_key is not None]
-    earlier = existing(missing)
+    earlier = existing([item for _, item in missing])
+    for pos, item in missing:  # the batch's first conflict in (org, key) order refuses it
+        run_id, same = earlier.get((item.org_id, item.idempotency_key or ""), ("", True))
+        if not same:
+            exc = conflict(run_id, item.idempotency_key)
+            exc.item = pos
+            raise exc
     out: list[Written | None] = [None] * len(items)
     for pos, item, run_id, outbox_id in zip(order, ordered, ids, outbox_ids, strict=True):
         if run_id in inserted:
             out[pos] = Written(run_id, True, outbox_id)
             continue
-        found = earlier.get((item.org_id, item.idempotency_key or ""))
+        found, _same = earlier.get((item.org_id, item.idempotency_key or ""), (None, True))
         if found is None:
             # Only a concurrent batch still in flight can cause this: the caller retries.
             raise sa.exc.IntegrityError("admission", None, Exception(

@@ -138,6 +138,10 @@ def _forget(engine: sa.Engine, items: Sequence[rows.NewRun]) -> bool:
     return bool(known)
 
 
+def _same_request(a: rows.NewRun, b: rows.NewRun) -> bool:
+    return a.play.digest == b.play.digest and rows.same_json(a.input, b.input)
+
+
 def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted]:
     # A key repeated inside the batch maps to its first occurrence: written once.
     first: dict[tuple[str, str], int] = {}
@@ -152,6 +156,9 @@ def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted
         if pair not in first:
             first[pair] = len(unique)
             unique.append(item)
+        elif not _same_request(unique[first[pair]], item):
+            raise InputInvalidError(f"the idempotency key {item.idempotency_key!r} is given "
+                                    "twice in the batch with another play or input")
         slot.append(first[pair])
     engine = get_engine()
     if engine.dialect.name == "postgresql":

@@ -33,7 +33,10 @@ def queue(name: str) -> Queue:
 
 
 def send(name: str, args: list[Any], queue_name: str = QUEUE) -> None:
-    app.send_task(name, args=args, queue=queue(queue_name), ignore_result=True)
+    """One task message through the current publisher (tasks.broker.publish)."""
+    from tasks.broker.publish import publisher
+
+    publisher().send(name, args, queue=queue_name)
 
 
 app = create_app()

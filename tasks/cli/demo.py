@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from tasks.cli import banner
 from tasks.cli.output import console as plain_console
 from tasks.cli.output import event_line, live_status
+from tasks.cli.tracebacks import error_lines
 from tasks.constants import EventKind, RunStatus
 from tasks.testing import Stack
 
@@ -28,14 +31,24 @@ def run_demo(
     try:
         with live_status(console, "starting the embedded Redis, SQLite, gateway and worker"):
             stack.start()
+        label = ""
+        for row_label, value in banner.rows(stack):  # unindented: indented lines are the ledger's
+            label = row_label or label
+            console.print(f"{label:<10}{value}", markup=False)
         handle = stack.submit(
             play, {"name": name}, org_id="demo", idempotency_key=f"demo-{time.time_ns()}"
         )
         console.print(f"[bold]run[/bold] {handle.id} submitted ({play.name})")
         view = _follow(console, handle.id, timeout)
         style = "green" if view.status == RunStatus.SUCCEEDED else "red"
-        console.print(f"[bold {style}]{view.status}[/bold {style}] output={view.output!r}"
-                      + (f" code={view.code} error={view.error}" if view.code else ""))
+        console.print(f"[bold {style}]{view.status}[/bold {style}]")
+        if view.output is not None:
+            console.print(f"output {json.dumps(view.output)}", markup=False)
+        if view.code:
+            first, *more = error_lines(str(view.error or ""), view.play_path) or [""]
+            console.print(f"error {view.code}: {first}", markup=False)
+            for line in more:
+                console.print(f"  {line}", markup=False)
         return 0 if view.status == RunStatus.SUCCEEDED else 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; stopping what the demo started[/yellow]")

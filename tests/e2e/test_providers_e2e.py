@@ -23,10 +23,11 @@ from tasks.constants import (
 )
 from tasks.sandbox import SandboxSpec
 from tasks.sandbox.providers import REMOTE
-from tests.conftest import PLAYS, ROOT, Worker, worker_env
 from tests.doubles.base import Double, discover
-from tests.helpers import eventually
-from tests.support import FAST_RECOVERY
+from tests.support.helpers import eventually
+from tests.support.paths import PLAYS, ROOT
+from tests.support.runs import FAST_RECOVERY
+from tests.support.stack import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,9 @@ import pytest
 import tasks
 from tasks.host.processes import pid_alive
 from tasks.testing import Child, Stack
-from tests.conftest import PG_BASE, ROOT, TEST_PG_URL, TEST_REDIS_URL, pg_database
-from tests.private_servers import admin_url
+from tests.support.paths import ROOT
+from tests.support.private_servers import admin_url
+from tests.support.session import PG_BASE, TEST_PG_URL, TEST_REDIS_URL, pg_database
 
 pytestmark = pytest.mark.slow
 

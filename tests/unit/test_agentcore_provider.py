@@ -31,7 +31,7 @@ from tasks.sandbox.providers.agentcore import AgentCoreProvider
 from tasks.sandbox.providers.agentcore.naming import MAX_NAME, session_name
 from tests.doubles.agentcore_double import AgentCoreDouble, running
 from tests.doubles.agentcore_wire import throttled
-from tests.helpers import eventually
+from tests.support.helpers import eventually
 
 
 @pytest.fixture

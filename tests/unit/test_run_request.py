@@ -10,19 +10,17 @@ import pytest
 
 import tasks
 from tasks import RunRequest, RunStatus
-from tasks.admission import relay
+from tasks.broker.publish import StubPublisher
 from tasks.errors import PlayrunError
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 
 
 @pytest.fixture
-def db(sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """A migrated SQLite database; start messages are kept here instead of published."""
-    sent: list[Any] = []
-    monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: sent.extend(messages))
-    return sent
+def db(sqlite_db: str, published: StubPublisher) -> list[Any]:
+    """A migrated SQLite database; start messages are recorded instead of published."""
+    return published.sent
 
 
 def org() -> str:
@@ -54,7 +52,7 @@ def test_run_requests_are_admitted_like_dicts(db: list[Any]) -> None:
         (o, "k0", str(NOOP)),
         (o, "k1", str(NOOP)),
     ]
-    assert sorted(m[2][0] for m in db) == sorted(h.id for h in hs[:2])
+    assert sorted(m.args[0] for m in db) == sorted(h.id for h in hs[:2])
 
 
 def test_run_request_without_input_stores_none(db: list[Any]) -> None:

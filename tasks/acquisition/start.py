@@ -163,7 +163,9 @@ def acquire_sandbox(opened: Opened, settings: Settings) -> Acquired:
             return Acquired(Step.FAILED, code=SANDBOX_START_FAILED, error=str(exc),
                             reason="start_failed")
         if cause != "transport":
-            permits.penalize(provider.name, policy, decision.epoch, settings, published)
+            permits.penalize(provider.name, policy, decision.epoch, settings, published,
+                             retry_after_s=exc.retry_after_s,
+                             refused_rate=decision.rate if exc.kind == "rate_limited" else None)
         # The server's own Retry-After is a floor: asking sooner only earns another refusal.
         floor_ms = int(min(exc.retry_after_s or 0.0, settings.deferral_max_ms / 1000) * 1000)
         defer(fence, cause, settings, detail=str(exc)[:200],  # type: ignore[arg-type]

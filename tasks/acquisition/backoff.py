@@ -19,6 +19,12 @@ def deferral_delay_ms(count: int, *, base_ms: int, max_ms: int, at_least_ms: int
     return max(at_least_ms, int(jittered))
 
 
+def pacing_delay_ms(wait_ms: int, *, rand: Callable[[], float] = random.random) -> int:
+    """A permit's own wait plus up to a quarter more (at most 1 s): runs deferred by one
+    throttle come back spread over the bucket's next slots, not all at its first."""
+    return wait_ms + int(rand() * min(wait_ms / 4, 1000.0))
+
+
 def budget_exhausted(count: int, total_ms: int, next_delay_ms: int, *, max_count: int,
                      max_total_ms: int) -> bool:
     """True when one more deferral would pass the per-run count or time budget."""

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Outbox, Run, db_now
-from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
+from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms, pacing_delay_ms
 from tasks.admission.submit import enqueue_start
 from tasks.broker.publish import publisher
 from tasks.constants import (
@@ -67,9 +67,13 @@ def defer(fence: Fence, cause: Cause, settings: Settings, *,
             _end(session, run, attempt, fence, CANCELLED_OUTCOME, "cancelled")
             verdict = Verdict.CANCELLED
         else:
-            delay = deferral_delay_ms(run.deferral_count, base_ms=settings.deferral_base_ms,
-                                      max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
-            if budget_exhausted(run.deferral_count, run.deferral_total_ms, delay,
+            # The start rate's own wait is pacing, not a failure: the run comes back when its
+            # permit is due (with jitter), neither backing off nor spending its count.
+            pacing = cause == "throttle" and at_least_ms > 0
+            delay = pacing_delay_ms(at_least_ms) if pacing else deferral_delay_ms(
+                run.deferral_count, base_ms=settings.deferral_base_ms,
+                max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
+            if budget_exhausted(0 if pacing else run.deferral_count, run.deferral_total_ms, delay,
                                 max_count=settings.deferral_max_count,
                                 max_total_ms=int(settings.deferral_max_total_s * 1000)):
                 message = (f"sandbox start deferred {run.deferral_count} times over "
@@ -79,7 +83,8 @@ def defer(fence: Fence, cause: Cause, settings: Settings, *,
                      Outcome.failed(START_DEFERRAL_EXHAUSTED, message), "deferral_exhausted")
                 verdict = Verdict.EXHAUSTED
             else:
-                outbox_id = _park(session, run, attempt, fence, cause, delay, detail)
+                outbox_id = _park(session, run, attempt, fence, cause, delay, detail,
+                                  counted=not pacing)
                 verdict = Verdict.DEFERRED
     if verdict is Verdict.DEFERRED:
         metrics.deferred(cause)  # committed: counted once per scheduled wait
@@ -107,13 +112,13 @@ def _end(session: Session, run: Run, attempt: Attempt, fence: Fence, outcome: Ou
 
 
 def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cause,
-          delay: int, detail: str) -> str:
+          delay: int, detail: str, *, counted: bool = True) -> str:
     """The attempt waits (same generation); the next start is an outbox row due later."""
     attempt.state = AttemptState.DEFERRED
     attempt.lease_expires_at = db_now()
     run.status = RunStatus.QUEUED
     run.deferred_until = db_now(delay / 1000)
-    run.deferral_count += 1
+    run.deferral_count += 1 if counted else 0
     run.deferral_total_ms += delay
     run.last_deferral_cause = cause
     ledger.append(session, fence.run_id, EventKind.DEFERRED,

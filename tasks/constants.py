@@ -94,6 +94,7 @@ class EventKind(enum.StrEnum):
     ADMITTED = "run.admitted"
     ATTEMPT_STARTED = "attempt.started"
     DEFERRED = "run.deferred"
+    PLACEMENT_CHOSEN = "placement.chosen"
     SANDBOX_REQUESTED = "sandbox.requested"
     SANDBOX_LIVE = "sandbox.live"
     PROGRESS = "run.progress"
@@ -165,7 +166,7 @@ RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
 RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
 # The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0009"
+SCHEMA_REVISION: Final = "0010"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -174,6 +175,8 @@ MAINTENANCE_QUEUE: Final = "playrun.maintenance"
 # Releases of sandboxes any worker reaches (fake, cloud): a backlog of starts must not hold
 # capacity that finished runs already gave back. A `local` sandbox's go to its host's queue.
 RELEASE_QUEUE: Final = "playrun.release"
+# Starts placed on a provider ride its own queue: only its workers take them.
+PROVIDER_QUEUE_PREFIX: Final = "playrun.provider."
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"

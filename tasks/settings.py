@@ -40,6 +40,15 @@ class Settings(BaseSettings):
     sheet_write_rows: int = Field(default=200, ge=1, le=SHEET_MAX_PAGE_ROWS)
     secret_key: str = DEV_SECRET_KEY
     sandbox_provider: str = "local"
+    # Several providers in one fleet (comma-separated, the first is the fleet's own when
+    # no placement policy applies); unset: PLAYRUN_SANDBOX_PROVIDER alone.
+    providers: str = Field(default="", max_length=400)
+    # The placement policy of runs that name none and whose org has no default.
+    placement_default: str | None = Field(default=None, max_length=40)
+    # A provider whose creates failed this many times in a row (transport, auth) has its
+    # circuit open for circuit_open_s: placement passes its attempts to a fallback.
+    provider_circuit_failures: int = Field(default=3, ge=1, le=1000)
+    provider_circuit_open_s: float = Field(default=30.0, gt=0, le=3600)
     sandbox_root: Path = _HOME / "sandboxes"
     # strict: bubblewrap namespaces, only the sandbox dir writable, no network but the
     # gateway socket; process: a process group on the host filesystem; auto: strict if it works.
@@ -145,6 +154,16 @@ class Settings(BaseSettings):
     dashboard_write_token: str | None = None
 
     @property
+    def served(self) -> tuple[str, ...]:
+        """The providers this process serves, the fleet's own first."""
+        names = tuple(dict.fromkeys(n.strip() for n in self.providers.split(",") if n.strip()))
+        return names or (self.sandbox_provider,)
+
+    @property
+    def primary_provider(self) -> str:
+        return self.served[0]
+
+    @property
     def is_postgres(self) -> bool:
         return self.database_url.startswith("postgresql")
 
@@ -161,18 +180,19 @@ class Settings(BaseSettings):
                 "PLAYRUN_METRICS_GATEWAY_ADDR must not be the gateway's runtime port "
                 "(PLAYRUN_GATEWAY_URL): sandboxes reach that one",
             )
-        if self.sandbox_provider not in ("local", "fake"):
+        remote = [name for name in self.served if name not in ("local", "fake")]
+        if remote:
             scheme = urlsplit(self.gateway_public_url).scheme
             if scheme not in ("http", "https"):
                 raise ConfigurationError(
-                    f"sandbox provider {self.sandbox_provider!r} runs sandboxes on another "
+                    f"sandbox provider {remote[0]!r} runs sandboxes on another "
                     "network: set PLAYRUN_GATEWAY_PUBLIC_URL to the gateway's http(s) URL "
                     "as they reach it")
         return self
 
-    def runner_gateway_url(self) -> str:
-        """The gateway as the runner reaches it."""
-        if self.sandbox_provider in ("local", "fake"):
+    def runner_gateway_url(self, provider: str | None = None) -> str:
+        """The gateway as the runner reaches it (in a sandbox of `provider`)."""
+        if (provider or self.sandbox_provider) in ("local", "fake"):
             return self.gateway_url
         return self.gateway_public_url
 

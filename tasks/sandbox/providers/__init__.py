@@ -101,6 +101,18 @@ def check_credentials(name: str, environ: dict[str, str] | None = None) -> None:
         f"sandbox provider {name!r} has no credentials: set {wanted}")
 
 
+def check_served(names: tuple[str, ...]) -> None:
+    """Each provider a worker is told to serve: known, its SDK installed, its credentials
+    set; the first that is not raises its coded error."""
+    if not names:
+        raise ProviderUnknownError("no sandbox provider named: set PLAYRUN_PROVIDERS")
+    for name in names:
+        if name in LOCAL:
+            continue
+        check_installed(name)
+        check_credentials(name)
+
+
 def load(name: str, root: Path, settings: Settings | None = None) -> SandboxProvider:
     """A remote provider's adapter, its SDK imported only now."""
     found = check_installed(name)

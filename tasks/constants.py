@@ -201,6 +201,10 @@ KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
 KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
 # Set of run ids whose start messages a worker node holds (received, not yet finished).
 KEY_HELD_STARTS: Final = f"{KEY_PREFIX}:held-messages:"  # hash: task id -> run id
+# hash: provider -> unix time until which a worker announced it serves it
+KEY_SERVED_PROVIDERS: Final = f"{KEY_PREFIX}:served-providers"
+# string per provider: creates failed in a row (transport, auth); expiring opens nothing
+KEY_PROVIDER_CIRCUIT: Final = f"{KEY_PREFIX}:circuit:"
 # Per-minute start-rate samples for the dashboard: one hash per bucket and minute, and
 # the set of buckets that wrote any (tasks/acquisition/starthistory.py).
 KEY_START_HISTORY: Final = f"{KEY_PREFIX}:starthist:"

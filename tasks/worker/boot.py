@@ -12,7 +12,7 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import celeryd_after_setup
 
-from tasks.acquisition import placement
+from tasks.acquisition.placement import announce
 from tasks.broker.app import app, provider_queue, queue
 from tasks.errors import PlayrunError
 from tasks.sandbox import providers
@@ -61,7 +61,7 @@ def _consume_host_queue(sender: Any, instance: Any, **_kwargs: Any) -> None:
         instance.app.amqp.queues.select_add(queue(provider_queue(provider)))
     log.info("serving sandbox providers %s", ", ".join(served))
     try:
-        placement.announce(served)
+        announce(served)
     except Exception as exc:  # noqa: BLE001 - only `placement set` reads it
         log.warning("cannot announce the providers this worker serves: %s", exc)
 

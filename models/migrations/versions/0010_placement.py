@@ -26,7 +26,7 @@ def upgrade() -> None:
         sa.Column("template", sa.String(200), nullable=True),
         sa.Column("canary_provider", sa.String(64), nullable=True),
         sa.Column("canary_pct", sa.Float(), nullable=False),
-        sa.Column("fallback", JSONType(), nullable=False),
+        sa.Column("fallback", JSONType, nullable=False),
         sa.Column("updated_at", UTCDateTime(timezone=True), server_default=db_now(), nullable=False),
     )
     op.create_table(

@@ -175,6 +175,8 @@ MAINTENANCE_QUEUE: Final = "playrun.maintenance"
 # Releases of sandboxes any worker reaches (fake, cloud): a backlog of starts must not hold
 # capacity that finished runs already gave back. A `local` sandbox's go to its host's queue.
 RELEASE_QUEUE: Final = "playrun.release"
+# Every sandbox provider's name (the registry, tasks/sandbox/providers, has the details).
+PROVIDER_NAMES: Final = ("local", "fake", "daytona", "e2b", "modal", "agentcore")
 # Starts placed on a provider ride its own queue: only its workers take them.
 PROVIDER_QUEUE_PREFIX: Final = "playrun.provider."
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, SHEET_MAX_PAGE_ROWS
+from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, PROVIDER_NAMES, SHEET_MAX_PAGE_ROWS
 from tasks.errors import ConfigurationError
 
 _HOME = Path.home() / ".playrun"
@@ -180,7 +180,9 @@ class Settings(BaseSettings):
                 "PLAYRUN_METRICS_GATEWAY_ADDR must not be the gateway's runtime port "
                 "(PLAYRUN_GATEWAY_URL): sandboxes reach that one",
             )
-        remote = [name for name in self.served if name not in ("local", "fake")]
+        # An unknown name is the worker's to refuse, with its own code (tasks/worker/boot.py).
+        remote = [name for name in self.served
+                  if name in PROVIDER_NAMES and name not in ("local", "fake")]
         if remote:
             scheme = urlsplit(self.gateway_public_url).scheme
             if scheme not in ("http", "https"):

@@ -215,8 +215,8 @@ def show() -> dict[str, Any]:
     with session_scope(readonly=True) as session:
         policies = [_policy(r) for r in session.scalars(
             sa.select(PlacementPolicy).order_by(PlacementPolicy.name))]
-        defaults = dict(session.execute(sa.select(OrgPlacement.org_id, OrgPlacement.policy)
-                                        .order_by(OrgPlacement.org_id)).tuples().all())
+        defaults = {org: name for org, name in session.execute(
+            sa.select(OrgPlacement.org_id, OrgPlacement.policy).order_by(OrgPlacement.org_id))}
     return {"policies": [p.as_dict() for p in policies], "org_defaults": defaults,
             "fleet_default": get_settings().placement_default}
 
@@ -239,8 +239,8 @@ class _Cache:
                 with session_scope(readonly=True) as session:
                     self.policies = {r.name: _policy(r)
                                      for r in session.scalars(sa.select(PlacementPolicy))}
-                    self.defaults = dict(session.execute(sa.select(
-                        OrgPlacement.org_id, OrgPlacement.policy)).tuples().all())
+                    self.defaults = {org: name for org, name in session.execute(
+                        sa.select(OrgPlacement.org_id, OrgPlacement.policy))}
                 self.loaded = time.monotonic()
             return self.policies, self.defaults
 

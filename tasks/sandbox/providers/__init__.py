@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tasks.constants import PROVIDER_NAMES
 from tasks.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ REMOTE: dict[str, RemoteEntry] = {
                              "agentcore", "boto3", ()),
 }
 LOCAL = ("local", "fake")
+assert set(PROVIDER_NAMES) == {*LOCAL, *REMOTE}, "tasks.constants.PROVIDER_NAMES is stale"
 
 
 def known() -> list[str]:

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from models import Attempt, Run, db_now
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
+from tasks.admission.rows import start_args
 from tasks.admission.submit import Admitted, RunRequest, admit, admit_many
 from tasks.broker.publish import send
 from tasks.constants import (
@@ -159,7 +160,8 @@ class RunHandle:
 def _published(admitted: list[Admitted]) -> list[RunHandle]:
     # Committed already, the rows marked as handed to us: if this publish fails they are
     # un-marked for the beat sweep (and a crash here leaves them to its resend).
-    messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT, [a.run_id])
+    messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT,
+                                start_args(a.run_id, a.provider))
                                for a in admitted if a.outbox_id is not None]
     published = publish_admitted(messages) if messages else True
     return [RunHandle(a.run_id, a.created, published or a.outbox_id is None)
@@ -167,10 +169,15 @@ def _published(admitted: list[Admitted]) -> list[RunHandle]:
 
 
 def submit_run(play: str | Path, input: Any = None, *, org_id: str,
-               idempotency_key: str | None = None) -> RunHandle:
-    """Admit a run; with a key already used by this org, return that run and write nothing."""
+               idempotency_key: str | None = None, placement: str | None = None) -> RunHandle:
+    """Admit a run; with a key already used by this org, return that run and write nothing.
+
+    `placement` names a placement policy (`playrun placement set`); without it the org's
+    default applies, then PLAYRUN_PLACEMENT_DEFAULT. An unknown name: PLACEMENT_UNKNOWN.
+    """
     ensure_schema_once()
-    return _published([admit(play, input, org_id, idempotency_key, handed_off=True)])[0]
+    return _published([admit(play, input, org_id, idempotency_key, handed_off=True,
+                             placement=placement)])[0]
 
 
 def submit_runs(runs: Sequence[RunRequest | Mapping[str, Any]]) -> list[RunHandle]:

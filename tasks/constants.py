@@ -94,6 +94,7 @@ class EventKind(enum.StrEnum):
     ADMITTED = "run.admitted"
     ATTEMPT_STARTED = "attempt.started"
     DEFERRED = "run.deferred"
+    PLACEMENT_CHOSEN = "placement.chosen"
     SANDBOX_REQUESTED = "sandbox.requested"
     SANDBOX_LIVE = "sandbox.live"
     PROGRESS = "run.progress"
@@ -173,7 +174,7 @@ RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
 RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
 # The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0009"
+SCHEMA_REVISION: Final = "0010"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -182,6 +183,10 @@ MAINTENANCE_QUEUE: Final = "playrun.maintenance"
 # Releases of sandboxes any worker reaches (fake, cloud): a backlog of starts must not hold
 # capacity that finished runs already gave back. A `local` sandbox's go to its host's queue.
 RELEASE_QUEUE: Final = "playrun.release"
+# Every sandbox provider's name (the registry, tasks/sandbox/providers, has the details).
+PROVIDER_NAMES: Final = ("local", "fake", "daytona", "e2b", "modal", "agentcore")
+# Starts placed on a provider ride its own queue: only its workers take them.
+PROVIDER_QUEUE_PREFIX: Final = "playrun.provider."
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"
@@ -206,6 +211,10 @@ KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
 KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
 # Set of run ids whose start messages a worker node holds (received, not yet finished).
 KEY_HELD_STARTS: Final = f"{KEY_PREFIX}:held-messages:"  # hash: task id -> run id
+# hash: provider -> unix time until which a worker announced it serves it
+KEY_SERVED_PROVIDERS: Final = f"{KEY_PREFIX}:served-providers"
+# string per provider: creates failed in a row (transport, auth); expiring opens nothing
+KEY_PROVIDER_CIRCUIT: Final = f"{KEY_PREFIX}:circuit:"
 # Per-minute start-rate samples for the dashboard: one hash per bucket and minute, and
 # the set of buckets that wrote any (tasks/acquisition/starthistory.py).
 KEY_START_HISTORY: Final = f"{KEY_PREFIX}:starthist:"

@@ -107,6 +107,24 @@ class PolicyInvalidError(InputInvalidError):
     code = "POLICY_INVALID"
 
 
+class PlacementInvalidError(InputInvalidError):
+    """The placement policy request is not valid."""
+
+    code = "PLACEMENT_INVALID"
+
+
+class PlacementUnknownError(InputInvalidError):
+    """No placement policy has this name."""
+
+    code = "PLACEMENT_UNKNOWN"
+
+
+class PlacementUnservedError(InputInvalidError):
+    """The placement policy names a provider no worker serves."""
+
+    code = "PLACEMENT_UNSERVED"
+
+
 class DurationInvalidError(InputInvalidError):
     """The duration is not like 30s, 10m, 1h30m or 2d."""
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, SHEET_MAX_PAGE_ROWS
+from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, PROVIDER_NAMES, SHEET_MAX_PAGE_ROWS
 from tasks.errors import ConfigurationError
 
 _HOME = Path.home() / ".playrun"
@@ -83,6 +83,21 @@ class Settings(BaseSettings):
     sandbox_provider: str = Field(
         default="local",
         description="Sandbox provider: local, fake, daytona, e2b, modal or agentcore.")
+    providers: str = Field(
+        default="", max_length=400,
+        description="Several providers in one fleet, comma-separated; the first is the "
+                    "fleet's own when no placement policy applies. Unset: "
+                    "PLAYRUN_SANDBOX_PROVIDER alone.")
+    placement_default: str | None = Field(
+        default=None, max_length=40,
+        description="The placement policy of runs that name none and whose org has no "
+                    "default.")
+    provider_circuit_failures: int = Field(
+        default=3, ge=1, le=1000,
+        description="Creates failing this many times in a row (transport, auth) open a "
+                    "provider's circuit: placement passes its attempts to a fallback.")
+    provider_circuit_open_s: float = Field(
+        default=30.0, gt=0, le=3600, description="How long an open circuit stays open.")
     sandbox_root: Path = Field(
         default=_HOME / "sandboxes",
         description="Where local sandboxes live, and the provider's records of remote ones.")
@@ -254,6 +269,16 @@ class Settings(BaseSettings):
         description="A second dashboard token that may also run a run again.")
 
     @property
+    def served(self) -> tuple[str, ...]:
+        """The providers this process serves, the fleet's own first."""
+        names = tuple(dict.fromkeys(n.strip() for n in self.providers.split(",") if n.strip()))
+        return names or (self.sandbox_provider,)
+
+    @property
+    def primary_provider(self) -> str:
+        return self.served[0]
+
+    @property
     def is_postgres(self) -> bool:
         return self.database_url.startswith("postgresql")
 
@@ -270,18 +295,21 @@ class Settings(BaseSettings):
                 "PLAYRUN_METRICS_GATEWAY_ADDR must not be the gateway's runtime port "
                 "(PLAYRUN_GATEWAY_URL): sandboxes reach that one",
             )
-        if self.sandbox_provider not in ("local", "fake"):
+        # An unknown name is the worker's to refuse, with its own code (tasks/worker/boot.py).
+        remote = [name for name in self.served
+                  if name in PROVIDER_NAMES and name not in ("local", "fake")]
+        if remote:
             scheme = urlsplit(self.gateway_public_url).scheme
             if scheme not in ("http", "https"):
                 raise ConfigurationError(
-                    f"sandbox provider {self.sandbox_provider!r} runs sandboxes on another "
+                    f"sandbox provider {remote[0]!r} runs sandboxes on another "
                     "network: set PLAYRUN_GATEWAY_PUBLIC_URL to the gateway's http(s) URL "
                     "as they reach it")
         return self
 
-    def runner_gateway_url(self) -> str:
-        """The gateway as the runner reaches it."""
-        if self.sandbox_provider in ("local", "fake"):
+    def runner_gateway_url(self, provider: str | None = None) -> str:
+        """The gateway as the runner reaches it (in a sandbox of `provider`)."""
+        if (provider or self.sandbox_provider) in ("local", "fake"):
             return self.gateway_url
         return self.gateway_public_url
 

@@ -12,6 +12,8 @@ from celery import Celery
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 from tasks.broker import taskrepr  # noqa: F401  (its publish hook redacts what Flower shows)
+from tasks.broker.message import provider_queue as provider_queue  # re-exported
+from tasks.broker.message import start_queue as start_queue  # re-exported
 
 # Imported by workers and beat only; app code that just submits never loads them.
 WORKER_MODULES = ("tasks.worker.boot", "tasks.worker.jobs", "tasks.worker.signals")

@@ -44,6 +44,9 @@ Cause = Literal["hold", "throttle", "provider_capacity", "provider_rate_limited"
                 "capacity", "worker_lost", "placement"]
 
 
+PACING = frozenset({"throttle", "provider_rate_limited"})
+
+
 class Verdict(enum.StrEnum):
     """What a deferral did with the attempt."""
 
@@ -69,12 +72,16 @@ def defer(fence: Fence, cause: Cause, settings: Settings, *,
             _end(session, run, attempt, fence, CANCELLED_OUTCOME, "cancelled")
             verdict = Verdict.CANCELLED
         else:
-            # The start rate's own wait is pacing, not a failure: the run comes back when its
-            # permit is due (with jitter), neither backing off nor spending its count.
-            pacing = cause == "throttle" and at_least_ms > 0
-            delay = pacing_delay_ms(at_least_ms) if pacing else deferral_delay_ms(
-                run.deferral_count, base_ms=settings.deferral_base_ms,
-                max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
+            # A wait for the start rate (ours, or the provider's 429) is pacing, not a
+            # failure: the run comes back when a permit can be due, with jitter, neither
+            # backing off nor spending its count (the time budget still bounds it).
+            pacing = cause in PACING
+            if pacing:
+                delay = pacing_delay_ms(at_least_ms or settings.deferral_base_ms)
+            else:
+                delay = deferral_delay_ms(run.deferral_count, base_ms=settings.deferral_base_ms,
+                                          max_ms=settings.deferral_max_ms,
+                                          at_least_ms=at_least_ms)
             if budget_exhausted(0 if pacing else run.deferral_count, run.deferral_total_ms, delay,
                                 max_count=settings.deferral_max_count,
                                 max_total_ms=int(settings.deferral_max_total_s * 1000)):

@@ -1,6 +1,6 @@
-"""A start told to wait by the fleet's start rate is paced, not failed: it comes back when
-its permit is due and never spends the run's deferral count (bench/bench_providers.py
-showed queued runs failing START_DEFERRAL_EXHAUSTED under a provider's steady limit)."""
+"""A start told to wait by the start rate (ours, or a provider's 429) is paced, not
+failed: it comes back when a permit can be due and never spends the run's deferral count
+(queued runs used to fail START_DEFERRAL_EXHAUSTED under a provider's steady limit)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,11 @@ def test_throttle_waits_do_not_spend_the_deferral_budget(pg_url: str) -> None:
     seen = deferrals(run_id)
     assert [d["cause"] for d in seen] == ["throttle"] * 5
     assert all(800 <= int(str(d["delay_ms"])) <= 1000 for d in seen), seen
+    # A provider's 429 paces the same way, at least its Retry-After.
+    for _ in range(3):
+        assert defer(due(run_id), "provider_rate_limited", strict,
+                     at_least_ms=1500) is Verdict.DEFERRED
+    assert [int(str(d["delay_ms"])) >= 1500 for d in deferrals(run_id)[5:]] == [True] * 3
     view = tasks.get_run(run_id)
     assert view.status == "queued"
     # A real failure to start still spends the count and ends the run once it is spent.

@@ -198,10 +198,11 @@ def cancel(run_id: str) -> None:
 def dashboard() -> None:
     """Serve the operators' web pages (PLAYRUN_DASHBOARD_ADDR, PLAYRUN_DASHBOARD_TOKEN)."""
     from tasks.cli.serving import check_free
-    from tasks.dashboard.serve import parse_addr, serve
+    from tasks.dashboard.serve import parse_addr, plan, serve
     from tasks.settings import get_settings
 
     settings = get_settings()
+    plan(settings)  # what is wrong with the settings first: a taken port is the next thing
     check_free(*parse_addr(settings.dashboard_addr), "the dashboard", "PLAYRUN_DASHBOARD_ADDR")
     serve(settings)
 

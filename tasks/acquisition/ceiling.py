@@ -60,10 +60,18 @@ def current(url: str, provider: str) -> float | None:
 
 
 def learn(url: str, provider: str, refused_rate: float, floor: float) -> float:
-    """The provider refused a create made at refused_rate: hold the fleet under it."""
+    """The provider refused a create made at refused_rate: hold the fleet under it.
+
+    A ceiling in force only rises: a refusal at a lower rate comes from a burst inside the
+    provider's window (the cut that follows handles it), and lowering the ceiling on it
+    would ratchet the fleet far under the limit for the ceiling's whole life."""
     value = max(floor, refused_rate * MARGIN)
     with contextlib.suppress(RedisError):  # this process still holds it, below
-        redis_client(url).set(key(provider), f"{value:.3f}", ex=TTL_S)
+        client = redis_client(url)
+        held = _parse(client.get(key(provider)))
+        if held is not None and held > value:
+            value = held
+        client.set(key(provider), f"{value:.3f}", ex=TTL_S)
     with _lock:
         _cache[(os.getpid(), url, provider)] = (time.monotonic(), value)
     return value

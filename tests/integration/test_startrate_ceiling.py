@@ -62,3 +62,14 @@ def test_retry_after_shortens_the_cooldown_but_never_lengthens_it(settings: Sett
     assert 0 < state(short, settings)[1] <= 2000
     assert 14000 < state(long, settings)[1] <= 15000  # the configured cooldown is the most
     assert ceiling.current(settings.redis_url, short) is None  # no refused rate: no ceiling
+
+
+def test_a_refusal_at_a_lower_rate_does_not_ratchet_the_ceiling_down(
+        settings: Settings) -> None:
+    provider = f"p-{uuid.uuid4().hex[:8]}"
+    assert ceiling.learn(settings.redis_url, provider, 1000.0, 60.0) == 900.0
+    # A burst inside the provider's window is refused at half the rate: the cut handles
+    # it, and the fleet still climbs back to just under the limit it found first.
+    assert ceiling.learn(settings.redis_url, provider, 500.0, 60.0) == 900.0
+    ceiling._cache.clear()
+    assert ceiling.current(settings.redis_url, provider) == 900.0

@@ -23,6 +23,8 @@ from tests.support.stack import Gateway
 class Capture:
     """Stands in for a provider: keeps the environment the runner would have been given."""
 
+    name = "local"
+
     def __init__(self) -> None:
         self.env: dict[str, str] = {}
 

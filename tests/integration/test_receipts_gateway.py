@@ -331,7 +331,10 @@ def test_a_runner_whose_fence_is_lost_stops_at_its_next_step(gateway: Gateway) -
 @pytest.mark.parametrize(("body", "status", "code"), [
     ({"action": "step_claim", "key": "", "claim_id": "c"}, 400, "GATEWAY_BAD_REQUEST"),
     ({"action": "step_claim", "key": "  ", "claim_id": "c"}, 400, "GATEWAY_BAD_REQUEST"),
-    ({"action": "step_claim", "key": "x" * 100_000, "claim_id": "c"}, 400,
+    # Past a step claim's body bound (16 KiB): refused before it is read whole.
+    ({"action": "step_claim", "key": "x" * 100_000, "claim_id": "c"}, 413,
+     "GATEWAY_BODY_TOO_LARGE"),
+    ({"action": "step_claim", "key": "x" * 10_000, "claim_id": "c"}, 400,
      "GATEWAY_BAD_REQUEST"),
     ({"action": "step_claim", "key": "k", "claim_id": "no spaces"}, 400,
      "GATEWAY_BAD_REQUEST"),

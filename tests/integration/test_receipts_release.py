@@ -130,8 +130,9 @@ def test_cli_show_and_clear(gateway: Gateway) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "lookup:acme.com" in shown.stdout and "completed" in shown.stdout
     assert '{"employees": 12}' in shown.stdout and "lookup:held.io" in shown.stdout
-    assert run.fence.run_id in shown.stdout and "2 receipt(s)" in shown.stdout
-    assert "0 receipt(s)" in cli("show", "--org", run.org_id, "--play", "hello").stdout
+    # Piped, stdout is only the rows; the count goes to stderr.
+    assert run.fence.run_id in shown.stdout and shown.stderr.strip() == "2 receipt(s)"
+    assert cli("show", "--org", run.org_id, "--play", "hello").stderr.strip() == "0 receipt(s)"
     cleared = cli("clear", "--org", run.org_id, "--key", "lookup:acme.com")
     assert cleared.returncode == 0 and "cleared 1 receipt(s)" in cleared.stdout
     assert "lookup:acme.com" not in cli("show", "--org", run.org_id).stdout

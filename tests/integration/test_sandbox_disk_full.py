@@ -64,6 +64,8 @@ def test_a_launch_refused_for_space_is_no_room_not_failed(
     from tasks.execution import launch as launch_mod
 
     class Full:
+        name = "local"
+
         def exec_detached(self, *_a: object, **_k: object) -> None:
             raise CapacityUnavailableError("no space to start sandbox s: [Errno 28]")
 

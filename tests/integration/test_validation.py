@@ -191,14 +191,28 @@ def expect(call: Callable[[], Any], ok: bool, codes: set[str]) -> Any:
     return result
 
 
+_USED_KEYS: set[str] = set()  # (org, key) an accepted submit used, across examples
+
+
 def check_submit(play: tuple[Any, str | None], value: Any, org: Any, key: Any) -> None:
     play_arg, play_code = play
     args_ok = valid_name(org, 128) and (key is None or valid_name(key, 256))
     input_ok = valid_input(value)
     ok = args_ok and input_ok and play_code is None
     before = run_count()
+    if ok and key is not None and repr((org, key)) in _USED_KEYS:
+        # An earlier example used this key: the same input returns its run, another
+        # input is a conflict naming it. Either way nothing new is written.
+        try:
+            tasks.submit_run(play_arg, value, org_id=org, idempotency_key=key)
+        except tasks.IdempotencyConflictError as exc:
+            assert exc.run_id, exc
+        assert run_count() == before
+        return
     outcome = expect(lambda: tasks.submit_run(play_arg, value, org_id=org, idempotency_key=key),
                      ok, SUBMIT_CODES)
+    if ok and key is not None:
+        _USED_KEYS.add(repr((org, key)))
     if isinstance(outcome, PlayrunError):
         # Arguments and input are checked first, the play file last.
         assert outcome.code == (play_code if args_ok and input_ok else "INPUT_INVALID"), outcome

@@ -32,7 +32,6 @@ from tasks.testing import Stack
 from tests.support.paths import ROOT
 
 HELLO = ROOT / "examples" / "plays" / "hello.py"
-NOW = datetime.now(UTC)
 ZONED = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 runner = CliRunner()
 
@@ -43,9 +42,10 @@ def terminal(width: int = 80) -> tuple[Console, io.StringIO]:
 
 
 def run_view(i: int, **extra: object) -> SimpleNamespace:
+    now = datetime.now(UTC)  # read when the test runs: "5m ago" is relative to it
     base: dict[str, object] = {
         "id": f"{i:x}" * 32, "org_id": "default", "status": "succeeded", "code": None,
-        "created_at": NOW - timedelta(minutes=5), "finished_at": NOW - timedelta(minutes=4)}
+        "created_at": now - timedelta(minutes=5), "finished_at": now - timedelta(minutes=4)}
     return SimpleNamespace(**{**base, **extra})
 
 
@@ -71,11 +71,12 @@ def test_runs_at_50_columns_drop_columns_instead_of_wrapping() -> None:
 
 
 def test_receipts_fit_80_columns_and_keep_every_status_whole() -> None:
+    now = datetime.now(UTC)
     receipt = SimpleNamespace(
         play="steps", key="lookup:acme.com", org_id="o", status="completed",
         output={"domain": "acme.com", "employees": 1200, "notes": "x" * 80}, run_id="a" * 32,
-        generation=1, created_at=NOW - timedelta(hours=3), completed_at=NOW,
-        expires_at=NOW + timedelta(days=2, hours=1), code=None, error=None)
+        generation=1, created_at=now - timedelta(hours=3), completed_at=now,
+        expires_at=now + timedelta(days=2, hours=1), code=None, error=None)
     out, buf = terminal()
     show(out, receipt_table([receipt], one_play=False))
     lines = buf.getvalue().splitlines()

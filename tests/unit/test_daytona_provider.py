@@ -151,7 +151,9 @@ def _date(seconds_ahead: float) -> str:
             12.0,
         ),
         (DaytonaRateLimitError("x", 429, {"retry-after": "4"}), "rate_limited", 4.0),
-        (DaytonaRateLimitError("x", 429, {"Retry-After": _date(600)}), "rate_limited", 600.0),
+        # An HTTP date a day ahead: the wait is read against the clock when the test runs.
+        (DaytonaRateLimitError("x", 429, {"Retry-After": _date(86_400)}), "rate_limited",
+         3600.0),
         (DaytonaRateLimitError("x", 429, {"Retry-After": "soon"}), "rate_limited", None),
         (DaytonaRateLimitError("x", 429, {"Retry-After": "999999"}), "rate_limited", 3600.0),
         (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,15 +16,14 @@ from tasks.errors import RunNotFoundError
 from tasks.settings import get_settings
 from tasks.sheets import store
 from tasks.store.db import session_scope
-from tests.support.runs import close_open_runs, must_claim, new_run
+from tests.support.runs import must_claim, new_run
 
 ORG_PREFIX = "dpg-"
 
 
 @pytest.fixture
-def org(pg_url: str) -> Iterator[str]:
-    yield f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
-    close_open_runs(ORG_PREFIX)
+def org(sqlite_db: str) -> str:
+    return f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
 
 
 def test_a_deferred_attempt_shows_its_cause_and_next_retry(
@@ -77,7 +75,7 @@ def test_steps_are_counted_and_a_long_ledger_is_paged(org: str) -> None:
     assert [e.id for e in tail.events] == seen[-200:]
 
 
-def test_failure_classes_and_unknown_runs() -> None:
+def test_failure_classes_and_unknown_runs(sqlite_db: str) -> None:
     assert failure_class("PLAY_ERROR") is FailureClass.PLAY
     assert failure_class("START_DEFERRAL_EXHAUSTED") is FailureClass.BEFORE_CODE
     assert failure_class("RUNTIME_RUNNER_LOST") is FailureClass.RUNTIME

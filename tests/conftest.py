@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import redis
 
     from tasks.broker.publish import StubPublisher
+    from tasks.sandbox.fake import FakeScript
     from tests.support.stack import Gateway, Worker
 
 os.environ.update(LOCAL_ENV)
@@ -148,6 +149,30 @@ def published() -> Iterator[StubPublisher]:
 
     with stubbed() as stub:
         yield stub
+
+
+@pytest.fixture
+def fake_stack(sqlite_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+               ) -> Iterator[FakeScript]:
+    """SQLite, the `fake` provider (runners handed to a host that is not running: no
+    process starts) and the in-memory limiter; yields the fault script."""
+    from tasks.acquisition import permits, starthistory
+    from tasks.sandbox.fake import FakeScript
+    from tasks.settings import reset_settings
+    from tests.support.units import FakeLimiter
+
+    root = tmp_path / "sandboxes"
+    monkeypatch.setenv("PLAYRUN_SANDBOX_PROVIDER", "fake")
+    monkeypatch.setenv("PLAYRUN_SANDBOX_ROOT", str(root))
+    reset_settings()
+    limiter = FakeLimiter()
+    monkeypatch.setattr(permits, "limiter", lambda: limiter)
+    monkeypatch.setattr(starthistory, "record_permit", lambda *a, **k: None)
+    monkeypatch.setattr(starthistory, "record_penalty", lambda *a, **k: None)
+    script = FakeScript(root)
+    script.set(hosted_runners=True)
+    yield script
+    reset_settings()
 
 
 @pytest.fixture(scope="session")

@@ -1,17 +1,12 @@
-"""Unit-tier helpers: a SQLite database with the `fake` provider in a private sandbox root,
-and start permits from an in-memory limiter (the fleet-wide bucket lives in Redis)."""
+"""Start permits from an in-memory limiter for the unit tier (the fleet-wide bucket lives
+in Redis); the `fake_stack` fixture (tests/conftest.py) puts it in place."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tasks.acquisition.startrate import Penalty, Permit
-from tasks.sandbox.fake import FakeScript
 
 
 @dataclass
@@ -32,25 +27,3 @@ class FakeLimiter:
         self.penalties.append(epoch)
         return Penalty(applied=True, rate=30.0, epoch=epoch + 1, cooldown_until_ms=0,
                        server_now_ms=0)
-
-
-@pytest.fixture
-def fake_stack(sqlite_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-               ) -> Iterator[FakeScript]:
-    """SQLite, the `fake` provider (runners handed to a host that is not running: no
-    process starts) and the in-memory limiter; yields the fault script."""
-    from tasks.acquisition import permits, starthistory
-    from tasks.settings import reset_settings
-
-    root = tmp_path / "sandboxes"
-    monkeypatch.setenv("PLAYRUN_SANDBOX_PROVIDER", "fake")
-    monkeypatch.setenv("PLAYRUN_SANDBOX_ROOT", str(root))
-    reset_settings()
-    limiter = FakeLimiter()
-    monkeypatch.setattr(permits, "limiter", lambda: limiter)
-    monkeypatch.setattr(starthistory, "record_permit", lambda *a, **k: None)
-    monkeypatch.setattr(starthistory, "record_penalty", lambda *a, **k: None)
-    script = FakeScript(root)
-    script.set(hosted_runners=True)
-    yield script
-    reset_settings()

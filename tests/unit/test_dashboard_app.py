@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import UTC, datetime, timedelta
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 from starlette.testclient import TestClient
 
 import tasks
-from tasks.broker.publish import StubPublisher
 from tasks.acquisition.starthistory import Sample
+from tasks.broker.publish import StubPublisher
 from tasks.dashboard import fleet
 from tasks.dashboard.app import create_app
 from tasks.dashboard.auth import COOKIE, Access
 from tasks.settings import get_settings, reset_settings
 from tasks.worker import jobs
 from tests.support.paths import HELLO
-from tests.support.units import fake_stack  # noqa: F401 - a fixture
 
 READ, WRITE = "read-" + "r" * 24, "write-" + "w" * 24
 HOSTILE = '<img src=x onerror="alert(1)">'
@@ -121,8 +120,9 @@ def test_the_fleet_page_shows_orgs_holding_capacity_and_a_redis_outage(
 def test_the_fleet_page_charts_the_start_history(
         dashboard: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     now = datetime.now(UTC).replace(second=0, microsecond=0)
-    samples = [Sample(now - timedelta(minutes=m), grants=m, denials=m % 3, penalties=int(m % 7 == 0),
-                      rate=60.0 - m / 2) for m in range(55, -1, -5)]  # oldest first
+    samples = [Sample(now - timedelta(minutes=m), grants=m, denials=m % 3,
+                      penalties=int(m % 7 == 0), rate=60.0 - m / 2)
+               for m in range(55, -1, -5)]  # oldest first
     monkeypatch.setattr(fleet, "read_history", lambda: {"fake": samples})
     page = dashboard.get("/fleet", headers=as_(READ)).text
     assert "bucket fake" in page and "<svg" in page

@@ -24,7 +24,6 @@ from tasks.store.db import session_scope
 from tasks.worker import jobs
 from tests.support.paths import NOOP
 from tests.support.runs import event_kinds, lease, must_claim, new_run, reserve
-from tests.support.units import fake_stack  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.usefixtures("fake_stack")
 

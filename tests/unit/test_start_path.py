@@ -15,7 +15,6 @@ from tasks.sandbox.fake import FakeScript
 from tasks.store.db import session_scope
 from tasks.worker import jobs
 from tests.support.paths import NOOP
-from tests.support.units import fake_stack  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.usefixtures("fake_stack")
 

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from tasks.acquisition.startrate import Penalty, Permit
 
 
@@ -32,6 +34,9 @@ class FakeLimiter:
         self.penalties.append(epoch)
         return Penalty(applied=True, rate=30.0, epoch=epoch + 1, cooldown_until_ms=0,
                        server_now_ms=0)
+
+    def inspect(self, bucket: str, rules: Any) -> list[Any]:
+        raise RedisError("the in-memory limiter keeps no bucket state to show")
 
 
 @dataclass

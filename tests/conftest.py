@@ -6,6 +6,7 @@ when the tests asked for reach outside tests/unit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -127,16 +128,31 @@ def pg_url() -> Iterator[str]:
     psql(f'DROP DATABASE IF EXISTS "{PG_NAME}" WITH (FORCE)')
 
 
-@pytest.fixture
-def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A migrated SQLite database (the embedded default) that this test's code uses."""
-    from tasks.settings import reset_settings
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite file migrated by Alembic, copied for each test that asks for one."""
+    import sqlite3
+
     from tasks.store import db
 
-    url = f"sqlite:///{tmp_path / 'playrun.db'}"
+    path = tmp_path_factory.mktemp("sqlite-template") / "playrun.db"
+    db.upgrade(f"sqlite:///{path}")
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # everything into the main file
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              _sqlite_template: Path) -> Iterator[str]:
+    """A migrated SQLite database (the embedded default) that this test's code uses."""
+    from tasks.settings import reset_settings
+
+    path = tmp_path / "playrun.db"
+    shutil.copyfile(_sqlite_template, path)
+    url = f"sqlite:///{path}"
     monkeypatch.setenv("PLAYRUN_DATABASE_URL", url)
     reset_settings()
-    db.upgrade(url)
     yield url
     monkeypatch.undo()
     reset_settings()

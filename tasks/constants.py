@@ -13,7 +13,7 @@ from tasks import protocol
 
 
 class RunStatus(enum.StrEnum):
-    """runs.status (SPEC section 5)."""
+    """runs.status (docs/contract.md)."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -36,7 +36,7 @@ class AttemptState(enum.StrEnum):
 
 
 class LeaseState(enum.StrEnum):
-    """capacity_leases.state: reserved -> live -> released (SPEC 4.4)."""
+    """capacity_leases.state: reserved -> live -> released (docs/design.md)."""
 
     RESERVED = "reserved"
     LIVE = "live"
@@ -55,7 +55,7 @@ class SandboxState(enum.StrEnum):
 
 
 class ReceiptState(enum.StrEnum):
-    """work_receipts.status (SPEC 4.7); pending and running are held by their owner attempt."""
+    """work_receipts.status (docs/contract.md); pending and running are held by their attempt."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -89,11 +89,12 @@ class IntentStatus(enum.StrEnum):
 
 
 class EventKind(enum.StrEnum):
-    """run_events.kind: the ledger (SPEC section 5)."""
+    """run_events.kind: the ledger (docs/contract.md)."""
 
     ADMITTED = "run.admitted"
     ATTEMPT_STARTED = "attempt.started"
     DEFERRED = "run.deferred"
+    PLACEMENT_CHOSEN = "placement.chosen"
     SANDBOX_REQUESTED = "sandbox.requested"
     SANDBOX_LIVE = "sandbox.live"
     PROGRESS = "run.progress"
@@ -108,6 +109,10 @@ class EventKind(enum.StrEnum):
     CANCEL_REQUESTED = "run.cancel_requested"
     MAINTENANCE_FAILED = "run.maintenance_failed"
     PROGRESS_DROPPED = "run.progress_dropped"
+    # An attempt spent a ledger budget: later rows of that group are not written.
+    LEDGER_BUDGET_SPENT = "ledger.budget_spent"
+    # The gateway refused an attempt's request past its rate or its hard budget.
+    GATEWAY_REFUSED = "gateway.refused"
     RUNNER_LOST = "runner.lost"
     RUNNER_UNREACHABLE = "runner.unreachable"
     SUCCEEDED = "run.succeeded"
@@ -115,13 +120,17 @@ class EventKind(enum.StrEnum):
     CANCELLED = "run.cancelled"
 
 
+# Ledger rows the step actions write, budgeted together per attempt (settings.step_max_events).
+STEP_EVENTS: Final = (EventKind.STEP_REUSED, EventKind.STEP_COMPLETED, EventKind.STEP_FAILED,
+                      EventKind.STEP_TAKEN_OVER)
+
 TERMINAL_EVENT: Final = {
     RunStatus.SUCCEEDED: EventKind.SUCCEEDED,
     RunStatus.FAILED: EventKind.FAILED,
     RunStatus.CANCELLED: EventKind.CANCELLED,
 }
 
-# Stable failure codes (SPEC section 5).
+# Stable failure codes (docs/contract.md).
 PLAY_NOT_FOUND: Final = protocol.PLAY_NOT_FOUND
 PLAY_INVALID: Final = protocol.PLAY_INVALID
 PLAY_ERROR: Final = protocol.PLAY_ERROR
@@ -137,7 +146,7 @@ SANDBOX_START_FAILED: Final = "SANDBOX_START_FAILED"
 RUNTIME_INTERNAL_ERROR: Final = "RUNTIME_INTERNAL_ERROR"
 # Codes a run may fail with from ctx.step (tasks/execution/runner_steps.py).
 STEP_CODES: Final = protocol.STEP_CODES
-# Runtime sheets (SPEC 4.8): a writer superseded by a newer write version, and a gateway
+# Runtime sheets (docs/design.md): a writer superseded by a newer write version, and a gateway
 # without the write-intent start.
 RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Final = protocol.RUNTIME_SHEET_ATTEMPT_SUPERSEDED
 RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE: Final = protocol.RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE
@@ -165,7 +174,7 @@ RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
 RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
 # The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0009"
+SCHEMA_REVISION: Final = "0010"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -174,6 +183,10 @@ MAINTENANCE_QUEUE: Final = "playrun.maintenance"
 # Releases of sandboxes any worker reaches (fake, cloud): a backlog of starts must not hold
 # capacity that finished runs already gave back. A `local` sandbox's go to its host's queue.
 RELEASE_QUEUE: Final = "playrun.release"
+# Every sandbox provider's name (the registry, tasks/sandbox/providers, has the details).
+PROVIDER_NAMES: Final = ("local", "fake", "daytona", "e2b", "modal", "agentcore")
+# Starts placed on a provider ride its own queue: only its workers take them.
+PROVIDER_QUEUE_PREFIX: Final = "playrun.provider."
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"
@@ -198,6 +211,10 @@ KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
 KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
 # Set of run ids whose start messages a worker node holds (received, not yet finished).
 KEY_HELD_STARTS: Final = f"{KEY_PREFIX}:held-messages:"  # hash: task id -> run id
+# hash: provider -> unix time until which a worker announced it serves it
+KEY_SERVED_PROVIDERS: Final = f"{KEY_PREFIX}:served-providers"
+# string per provider: creates failed in a row (transport, auth); expiring opens nothing
+KEY_PROVIDER_CIRCUIT: Final = f"{KEY_PREFIX}:circuit:"
 # Per-minute start-rate samples for the dashboard: one hash per bucket and minute, and
 # the set of buckets that wrote any (tasks/acquisition/starthistory.py).
 KEY_START_HISTORY: Final = f"{KEY_PREFIX}:starthist:"

@@ -1,4 +1,4 @@
-"""One exception root for playrun; every error carries a stable code (SPEC section 5)."""
+"""One exception root for playrun; every error carries a stable code (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,17 @@ class InputInvalidError(PlayrunError):
     code = protocol.INPUT_INVALID
 
 
+class IdempotencyConflictError(PlayrunError):
+    """The idempotency key was used before for another play or input."""
+
+    code = "IDEMPOTENCY_CONFLICT"
+
+    def __init__(self, message: str = "", *, run_id: str) -> None:
+        super().__init__(message)
+        # The run the key already names: what a caller may want instead.
+        self.run_id = run_id
+
+
 class DocumentInvalidError(PlayrunError):
     """A document from a sandbox is not strict, bounded, storable JSON."""
 
@@ -86,7 +97,7 @@ class DocumentInvalidError(PlayrunError):
 
     def __init__(self, message: str = "", *, reason: str = "invalid") -> None:
         super().__init__(message)
-        # size, encoding, syntax, depth, number or type: what callers may report.
+        # size, values, encoding, syntax, depth, number or type: what callers may report.
         self.reason = reason
 
 
@@ -94,6 +105,24 @@ class PolicyInvalidError(InputInvalidError):
     """The traffic policy request is not valid."""
 
     code = "POLICY_INVALID"
+
+
+class PlacementInvalidError(InputInvalidError):
+    """The placement policy request is not valid."""
+
+    code = "PLACEMENT_INVALID"
+
+
+class PlacementUnknownError(InputInvalidError):
+    """No placement policy has this name."""
+
+    code = "PLACEMENT_UNKNOWN"
+
+
+class PlacementUnservedError(InputInvalidError):
+    """The placement policy names a provider no worker serves."""
+
+    code = "PLACEMENT_UNSERVED"
 
 
 class DurationInvalidError(InputInvalidError):
@@ -190,6 +219,17 @@ class GatewayBodyTooLargeError(GatewayError):
 
     code = protocol.GATEWAY_BODY_TOO_LARGE
     status = 413
+
+
+class GatewayRateLimitedError(GatewayError):
+    """The attempt sent more than its budget allows; retry after the time given."""
+
+    code = "GATEWAY_RATE_LIMITED"
+    status = 429
+
+    def __init__(self, message: str = "", *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class GatewayUnknownActionError(GatewayError):

@@ -1,4 +1,4 @@
-"""Capacity leases (SPEC 4.4): reserve under a per-org lock, promote by CAS, release once.
+"""Capacity leases (docs/design.md): reserve under a per-org lock, promote by CAS, release once.
 
 Reservations lock the org's row in `capacity_orgs` (an upsert that takes the row
 lock and returns the limit; SQLite's BEGIN IMMEDIATE serialises writers anyway), so

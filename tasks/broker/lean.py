@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from kombu.utils.json import dumps as kombu_dumps
 
-from tasks.broker.publish import Message
+from tasks.broker.message import Message, start_queue
 from tasks.broker.taskrepr import shown
 from tasks.constants import QUEUE
 from tasks.store.notify import redis_client
@@ -113,7 +113,18 @@ def send_tasks(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> Non
     if not messages:
         return
     url = str(app.conf.broker_url or "")  # Celery's settings are slow to read: once
-    if _direct(app, url):
-        push(redis_client(url), app, messages, queue)
-    else:
-        produce(app, messages, queue)
+    for name, group in _by_queue(messages, queue).items():
+        if _direct(app, url):
+            push(redis_client(url), app, group, name)
+        else:
+            produce(app, group, name)
+
+
+def _by_queue(messages: Sequence[Message], queue: str) -> dict[str, list[Message]]:
+    """Starts placed on a provider go to its queue; the rest to `queue`."""
+    if queue != QUEUE:
+        return {queue: list(messages)}
+    out: dict[str, list[Message]] = {}
+    for message in messages:
+        out.setdefault(start_queue(message[2]), []).append(message)
+    return out

@@ -13,9 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tasks.broker.message import Message as Message  # re-exported for callers
 from tasks.constants import QUEUE
-
-Message = tuple[str, str, list[Any]]  # (task id = outbox row id, task name, args)
 
 
 class Publisher(Protocol):
@@ -146,3 +145,8 @@ def stubbed() -> Iterator[StubPublisher]:
         yield stub
     finally:
         use(previous)
+
+
+def send(name: str, args: list[Any], queue_name: str = QUEUE) -> None:
+    """One task message through the current publisher."""
+    publisher().send(name, args, queue=queue_name)

@@ -1,4 +1,4 @@
-"""The `playrun` command line (SPEC section 5)."""
+"""The `playrun` command line (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tasks.cli.fleet import capacity_app, policy_app
 from tasks.cli.output import as_coded, timeline
 from tasks.cli.output import console as plain_console
 from tasks.cli.output import view_dict as _view_dict
+from tasks.cli.placement import placement_app
 from tasks.cli.providers import gc, providers_app
 from tasks.cli.records import receipts_app, sheet_app
 from tasks.constants import MAX_STATS_WINDOW_S, RunStatus
@@ -57,6 +58,7 @@ app.add_typer(capacity_app, name="capacity")
 app.add_typer(receipts_app, name="receipts")
 app.add_typer(sheet_app, name="sheet")
 app.add_typer(providers_app, name="providers")
+app.add_typer(placement_app, name="placement")
 console = plain_console()
 
 
@@ -196,10 +198,11 @@ def cancel(run_id: str) -> None:
 def dashboard() -> None:
     """Serve the operators' web pages (PLAYRUN_DASHBOARD_ADDR, PLAYRUN_DASHBOARD_TOKEN)."""
     from tasks.cli.serving import check_free
-    from tasks.dashboard.serve import parse_addr, serve
+    from tasks.dashboard.serve import parse_addr, plan, serve
     from tasks.settings import get_settings
 
     settings = get_settings()
+    plan(settings)  # what is wrong with the settings first: a taken port is the next thing
     check_free(*parse_addr(settings.dashboard_addr), "the dashboard", "PLAYRUN_DASHBOARD_ADDR")
     serve(settings)
 

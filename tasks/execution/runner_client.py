@@ -31,6 +31,8 @@ BATCH = 500
 # Events held in memory while the gateway is away; beyond this they are counted, not kept.
 BUFFER_LIMIT = 20_000
 DELIVER_EVERY_S = 0.2
+# How long one call waits out 429s before it reports the gateway unavailable.
+MAX_RATE_WAIT_S = 60.0
 # call_until's backoff while the gateway is unavailable: first and longest pause (seconds).
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 2.0
@@ -76,14 +78,15 @@ class Gateway:
                 raise
         return Connection(sock, self.host_header)
 
-    def _exchange(self, data: bytes, token: str) -> tuple[int, bytes]:
+    def _exchange(self, data: bytes, token: str, action: str = "") -> tuple[int, bytes]:
         conn: Connection | None = getattr(self._local, "conn", None)
         reused = conn is not None
         while True:
             try:
                 if conn is None:
                     conn = self._connect()
-                status, raw, closing = conn.post(self.prefix + protocol.GATEWAY_PATH, data, token)
+                status, raw, closing = conn.post(self.prefix + protocol.GATEWAY_PATH, data, token,
+                                                 action)
             except (Stale, OSError) as exc:
                 if conn is not None:
                     conn.close()
@@ -105,11 +108,25 @@ class Gateway:
 
     def call(self, token: str, body: dict[str, Any]) -> Any:
         data = json.dumps(body, allow_nan=False).encode()
-        status, raw = self._exchange(data, token)
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            raise Unavailable(f"HTTP {status} without JSON") from None
+        action = body.get("action")
+        waited = 0.0
+        while True:
+            status, raw = self._exchange(data, token, action if isinstance(action, str) else "")
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                raise Unavailable(f"HTTP {status} without JSON") from None
+            if status != 429 or not isinstance(doc, dict) or waited >= MAX_RATE_WAIT_S:
+                break
+            # Past this attempt's rate: wait as told and send the same request again, so
+            # the caller keeps its place (a delivery's order, a step's claim).
+            pause = doc.get("retry_after_s")
+            pause = min(float(pause), 5.0) if isinstance(pause, int | float) and pause > 0 \
+                else 0.5
+            time.sleep(pause)
+            waited += pause
+        if status == 429:
+            raise Unavailable("the gateway kept this runner past its rate")
         if status == 200 and isinstance(doc, dict):
             return doc.get("result")
         if status >= 500 or not isinstance(doc, dict):
@@ -293,7 +310,7 @@ class Uplink:
                 )
                 return True
             except Refused:
-                return True  # e.g. a terminal already won: nothing more to say
+                return True  # FENCE_LOST: a terminal is settled (maybe this very push)
             except Unavailable:
                 left = deadline - time.monotonic()
                 if left <= 0:

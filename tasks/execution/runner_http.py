@@ -42,11 +42,14 @@ class Connection:
             raise Stale("the gateway closed the connection")
         self.buffer += chunk
 
-    def post(self, path: str, data: bytes, token: str) -> tuple[int, bytes, bool]:
+    def post(self, path: str, data: bytes, token: str,
+             action: str = "") -> tuple[int, bytes, bool]:
         """(status, body, whether the gateway will close the connection)."""
+        # Naming the action lets the gateway bound the body before reading it.
+        named = f"X-Playrun-Action: {action}\r\n" if action else ""
         self.sock.sendall(
             f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+            f"{named}Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
             .encode("latin-1") + data)
         received = False
         while b"\r\n\r\n" not in self.buffer:

@@ -1,4 +1,4 @@
-"""Sandbox GC (SPEC 4.12): delete listed sandboxes that nothing current owns.
+"""Sandbox GC (docs/design.md): delete listed sandboxes that nothing current owns.
 
 A sandbox is kept only while it is recorded live for the current, active attempt
 of a non-terminal run, or is younger than the grace period (it may be between

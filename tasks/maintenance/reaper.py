@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from models import Attempt, CapacityLease, Run, RuntimeResource, db_now
 from tasks.acquisition.capacity import HELD, RELEASED, RESERVED
 from tasks.acquisition.deferral import defer
-from tasks.broker.app import send
+from tasks.broker.publish import send
 from tasks.constants import (
     QUEUE,
     RELEASE_QUEUE,

@@ -1,4 +1,4 @@
-"""Sandbox providers behind one provider-neutral interface (SPEC 4.5)."""
+"""Sandbox providers behind one provider-neutral interface (docs/providers/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The provider-neutral sandbox interface and its error taxonomy (SPEC 4.5)."""
+"""The provider-neutral sandbox interface and its error taxonomy (docs/providers/)."""
 
 from __future__ import annotations
 

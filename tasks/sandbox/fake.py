@@ -1,7 +1,7 @@
 """The `fake` provider: the local provider plus a fault script shared by every process.
 
 Tests and benchmarks script faults in `<root>/fake-script.json`; worker subprocesses consume
-them under an flock, so each scripted fault is used exactly once fleet-wide (SPEC 4.5).
+them under an flock, so each scripted fault is used exactly once fleet-wide (docs/providers/).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from celery import Task
 
 from models import Attempt, Run, db_now
+from tasks.acquisition import placement
 from tasks.acquisition.claim import Skip, Skipped, seconds_until_due
 from tasks.acquisition.deferral import defer
 from tasks.acquisition.start import Step, acquire_sandbox, open_attempt
@@ -58,9 +59,11 @@ held.connect()
 
 
 @app.task(name=TASK_START_ATTEMPT, bind=True, max_retries=None)
-def start_attempt(self: Task, run_id: str) -> str:
+def start_attempt(self: Task, run_id: str, routed: str | None = None) -> str:
+    """`routed`: the provider the start was placed on (its queue), if any."""
     settings = get_settings()
-    opened = open_attempt(run_id, settings)
+    placement.renew(settings.served)
+    opened = open_attempt(run_id, settings, routed)
     if isinstance(opened, Skipped):
         if opened.reason == Skip.LOCKED:
             raise self.retry(countdown=1)  # another worker holds the run row right now
@@ -76,7 +79,7 @@ def start_attempt(self: Task, run_id: str) -> str:
     claimed = opened.claimed
     fence = claimed.fence
     try:
-        acquired = acquire_sandbox(opened, settings)
+        acquired = acquire_sandbox(opened, settings, routed)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:
@@ -118,13 +121,14 @@ def release_attempts_task(holders: list[Any]) -> int:
     return release_attempts(holders)
 
 
-def _quiet_attempt(run_id: str, generation: int, token: str) -> tuple[str | None, bool] | None:
+def _quiet_attempt(run_id: str, generation: int,
+                   token: str) -> tuple[str | None, bool, str | None] | None:
     with session_scope(readonly=True) as session:
         row = session.execute(sa.select(
-            Attempt.sandbox_id, Attempt.runner_deadline < db_now(),
+            Attempt.sandbox_id, Attempt.runner_deadline < db_now(), Attempt.provider,
         ).where(Attempt.run_id == run_id, Attempt.generation == generation,
                 Attempt.lease_token == token, Attempt.state == AttemptState.ACTIVE)).first()
-    return (row[0], bool(row[1])) if row else None
+    return (row[0], bool(row[1]), row[2]) if row else None
 
 
 def _keep_running(fence: Fence) -> None:
@@ -146,10 +150,11 @@ def inspect_attempt(run_id: str, generation: int, lease_token: str) -> None:
     found = _quiet_attempt(run_id, generation, lease_token)
     if found is None:
         return  # settled or adopted meanwhile
-    sandbox_id, past_deadline = found
+    sandbox_id, past_deadline, sandbox_provider = found
     fence = Fence(run_id, generation, lease_token)
     try:
-        inspected = inspect(provider(), sandbox_id, past_deadline=past_deadline)
+        inspected = inspect(provider(sandbox_provider), sandbox_id,
+                            past_deadline=past_deadline)
         if inspected.verdict == Verdict.KEEP:
             _keep_running(fence)
             return
@@ -209,5 +214,6 @@ def reap_attempts() -> dict[str, Any]:
 @app.task(name=TASK_SANDBOX_GC)
 def sandbox_gc() -> dict[str, Any]:
     settings = get_settings()
-    report = collect([provider()], settings.gc_grace_s, fleet=settings.fleet)
+    report = collect([provider(name) for name in settings.served], settings.gc_grace_s,
+                     fleet=settings.fleet)
     return report.__dict__

@@ -200,3 +200,15 @@ def test_an_unreachable_database_is_one_coded_line(url: str, args: list[str]) ->
 def test_bad_requests_are_one_coded_line(tmp_path: Path, args: list[str], code: str) -> None:
     env = sqlite_env(tmp_path, PLAYRUN_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
     one_error_line(cli(env, *args), code)
+
+
+def test_a_key_reused_with_another_input_is_one_coded_line(no_worker: dict[str, str]) -> None:
+    key = f"k-{os.getpid()}-{time.monotonic_ns()}"
+    first = cli(no_worker, "submit", str(HELLO), "--key", key, "--input", '{"name": "A"}')
+    assert first.returncode == 0, first.stderr
+    run_id = first.stdout.strip()
+    same = cli(no_worker, "submit", str(HELLO), "--key", key, "--input", '{"name": "A"}')
+    assert same.stdout.strip() == run_id
+    line = one_error_line(cli(no_worker, "submit", str(HELLO), "--key", key, "--input",
+                              '{"name": "B"}'), "IDEMPOTENCY_CONFLICT")
+    assert run_id in line

@@ -60,8 +60,12 @@ def test_hello_runs_end_to_end_with_the_full_ledger(worker: Worker) -> None:
 def test_idempotency_key_returns_the_same_run_and_writes_nothing(worker: Worker) -> None:
     o = org()
     first = tasks.submit_run(HELLO, input={"name": "Bo"}, org_id=o, idempotency_key="same")
-    again = tasks.submit_run(HELLO, input={"name": "Other"}, org_id=o, idempotency_key="same")
+    again = tasks.submit_run(HELLO, input={"name": "Bo"}, org_id=o, idempotency_key="same")
     assert again.id == first.id and first.created and not again.created
+    # The key with another input is a conflict naming the stored run, and admits nothing.
+    with pytest.raises(tasks.IdempotencyConflictError) as conflict:
+        tasks.submit_run(HELLO, input={"name": "Other"}, org_id=o, idempotency_key="same")
+    assert conflict.value.code == "IDEMPOTENCY_CONFLICT" and conflict.value.run_id == first.id
     other_org = tasks.submit_run(HELLO, input={"name": "Bo"}, org_id=org(),
                                  idempotency_key="same")
     assert other_org.id != first.id

@@ -77,7 +77,7 @@ def test_a_completed_step_is_not_paid_for_twice_across_runs(steps_worker: Worker
     assert result.output == {"out": {"tag": "first"}}
     assert calls(counter) == 1
     assert events(first.id, "step.completed") == [{"key": "lookup:acme.com"}]
-    assert events(second.id, "step.reused") == [{"key": "lookup:acme.com",
+    assert events(second.id, "step.reused") == [{"key": "lookup:acme.com", "count": 1,
                                                  "computed_by": first.id}]
     view = receipt(org_id)
     assert view is not None

@@ -1,4 +1,4 @@
-"""Capacity leases on PostgreSQL (SPEC 4.4): the limit holds under any interleaving of
+"""Capacity leases on PostgreSQL (docs/design.md): the limit holds under any interleaving of
 clients, promotion is a compare-and-set, every terminal path gives back its lease and
 its sandbox, stale reservations expire, `observe` mode records the overrun, and one
 org's limit never touches another's.

@@ -1,4 +1,4 @@
-"""Fencing under real concurrency on PostgreSQL (SPEC 3 step 3, 4.2).
+"""Fencing under real concurrency on PostgreSQL (docs/decisions/0002-fencing.md).
 
 Threads and processes race the same SQL rows: one claim wins, a stale fence writes
 nothing, the first terminal write wins and never changes. A hypothesis test drives

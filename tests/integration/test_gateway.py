@@ -14,7 +14,11 @@ import pytest
 import sqlalchemy as sa
 
 import tasks
-from models import Attempt, db_now
+from models import Attempt, EventDelivery, db_now
+from tasks.gateway.actions import events as event_actions
+from tasks.gateway.actions.base import Context
+from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.releases import ReleaseBatcher
 from tasks.host.processes import free_port
 from tasks.security import tokens
 from tasks.settings import get_settings
@@ -74,16 +78,31 @@ def test_a_runner_beating_past_its_time_limit_is_told_to_stop(gateway: Gateway) 
             Attempt.run_id == run.fence.run_id))
 
 
-def test_complete_settles_once_and_reports_what_won(gateway: Gateway) -> None:
+def test_complete_settles_once_and_a_spent_token_learns_nothing(gateway: Gateway) -> None:
     run = launched()
     first = call(gateway, run.token(), {"action": "complete", "result": {
         "status": "succeeded", "output": {"n": 1}}})
     assert first.json()["result"] == {"won": True, "status": "succeeded", "code": None}
+    # The runner retrying its push, or the token replayed: every action is refused alike.
     late = call(gateway, run.token(), {"action": "complete", "result": {
         "status": "failed", "code": "PLAY_ERROR", "error": "late"}})
-    assert late.json()["result"] == {"won": False, "status": "succeeded", "code": None}
+    refused(late, 409, "FENCE_LOST")
+    assert "succeeded" not in late.text and run.fence.run_id not in late.text
+    for body in ({"action": "heartbeat"}, {"action": "step_claim", "key": "k", "claim_id": "c"},
+                 {"action": "sheet_read", "table": "t"}):
+        answer = call(gateway, run.token(), body)
+        refused(answer, 409, "FENCE_LOST")
+        assert "succeeded" not in answer.text and run.fence.run_id not in answer.text
+    refused(events(gateway, run, "late", "x"), 409, "FENCE_LOST")
     view = tasks.get_run(run.fence.run_id)
     assert (view.status, view.output) == ("succeeded", {"n": 1})
+
+
+def test_a_cancelled_runs_push_is_refused_as_spent(gateway: Gateway) -> None:
+    run = launched()
+    tasks.cancel_run(run.fence.run_id)
+    refused(call(gateway, run.token(), {"action": "complete", "result": {
+        "status": "succeeded", "output": 1}}), 409, "FENCE_LOST")
 
 
 def test_a_hostile_result_is_output_invalid_not_an_error(gateway: Gateway) -> None:
@@ -193,3 +212,48 @@ def test_the_gateway_refuses_the_development_secret_on_postgres(pg_url: str) -> 
     assert proc.returncode != 0
     assert "CONFIG_INVALID" in proc.stderr and "PLAYRUN_SECRET_KEY" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_past_the_progress_budget_deliveries_are_counted_not_stored(pg_url: str) -> None:
+    run = launched()
+    context = Context(get_settings().model_copy(update={"progress_max_events": 2}),
+                      BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0))
+    grant = tokens.Grant(run.org_id, run.fence.run_id, run.fence.generation, run.launch_id,
+                         frozenset(tokens.PROJECTION_CAPABILITIES), time.time() + 60)
+
+    def deliver(key: str, n: int) -> dict[str, Any]:
+        return event_actions.handle(grant, event_actions.AppendRunEvents(
+            action="append_run_events", idempotency_key=key, delivery_lease_owner="r",
+            events=[event_actions.ProgressItem(seq=i, message=f"m{i}") for i in range(n)]),
+            context)
+
+    assert deliver("k0", 3)["full"] is True
+    for i in range(1, 30):
+        assert deliver(f"k{i}", 2) == {"duplicate": False, "accepted": 0, "dropped": 2,
+                                       "full": True}
+    assert progress(run.fence.run_id) == ["m0", "m1"]
+    with session_scope() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(EventDelivery).where(
+            EventDelivery.run_id == run.fence.run_id)) == 1
+        assert s.scalar(sa.select(Attempt.progress_dropped).where(
+            Attempt.run_id == run.fence.run_id)) == 1 + 29 * 2
+
+
+def test_bodies_are_bounded_by_their_action_and_their_structure(gateway: Gateway) -> None:
+    token = launched().token()
+    beat = {"Content-Type": "application/json", "Authorization": f"Bearer {token}",
+            "X-Playrun-Action": "heartbeat"}
+    # Named in the header: refused from Content-Length, before the body is read.
+    big = httpx.post(gateway.url + "/v1/runtime", headers=beat, timeout=30,
+                     content=b'{"action": "heartbeat"}' + b" " * (8 * 1024))
+    refused(big, 413, "GATEWAY_BODY_TOO_LARGE")
+    ok = httpx.post(gateway.url + "/v1/runtime", headers=beat, json={"action": "heartbeat"})
+    assert ok.json()["ok"] is True
+    other = httpx.post(gateway.url + "/v1/runtime", headers=beat,
+                       json={"action": "step_claim", "key": "k", "claim_id": "c"})
+    refused(other, 400, "GATEWAY_BAD_REQUEST")
+    # Unnamed: the body's own actions bound it once read.
+    refused(call(gateway, token, None, raw=b'{"action": "step_claim", "key": "'
+                 + b"k" * (20 * 1024) + b'", "claim_id": "c"}'), 413, "GATEWAY_BODY_TOO_LARGE")
+    cheap = b'{"action": "heartbeat", "x": [' + b"0," * 300_000 + b"0]}"
+    refused(call(gateway, token, None, raw=cheap), 400, "GATEWAY_BAD_REQUEST")

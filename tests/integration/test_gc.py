@@ -1,4 +1,4 @@
-"""Sandbox GC (SPEC 4.12) against sandboxes planted directly through the local provider.
+"""Sandbox GC (docs/design.md) against sandboxes planted directly through the local provider.
 
 GC lists sandboxes by the `playrun` label and deletes those whose run is terminal, whose
 attempt is fenced out, or that no record owns, once past the grace period; it keeps the

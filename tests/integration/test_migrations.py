@@ -96,8 +96,10 @@ def test_0006_adds_and_drops_the_scale_indexes(which: str, request: pytest.Fixtu
     assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
     db.upgrade(url, "0006")
     assert _indexes(url) == SCALE_INDEXES
-    # What the models have beyond 0006 is exactly 0007's listing indexes, less 0009's six.
-    assert {(d[0], d[1].name) for d in _diff(url)} == {  # type: ignore[index, attr-defined]
+    # The indexes the models have beyond 0006 are exactly 0007's listing indexes, less
+    # 0009's six (later revisions add tables and columns, not indexes).
+    assert {(d[0], d[1].name) for d in _diff(url)  # type: ignore[index, attr-defined]
+            if isinstance(d, tuple) and str(d[0]).endswith("_index")} == {
         ("add_index", "ix_runs_created_id"), ("add_index", "ix_runs_org_created_id"),
         *(("remove_index", name) for names in UNWRITTEN.values() for name in names)}
     db.downgrade(url, "0005")
@@ -126,6 +128,7 @@ def test_0009_drops_the_unread_indexes_and_its_downgrade_restores_them(
     assert present() == UNWRITTEN
     db.upgrade(url, "0009")
     assert present() == {t: set() for t in UNWRITTEN}
+    db.upgrade(url)
     assert _diff(url) == []
     db.downgrade(url, "0008")
     assert present() == UNWRITTEN

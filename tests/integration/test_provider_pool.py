@@ -96,7 +96,7 @@ def test_the_pool_lease_goes_live_with_the_sandbox_and_back_with_the_release(
 
     second = open_attempt(new_run(org()), config)
     assert isinstance(second, Opened) and second.provider_full
-    acquired = acquire_sandbox(second, config, tasks.broker.app)
+    acquired = acquire_sandbox(second, config)
     assert acquired.step is Step.DEFERRED
     deferred = [e.data for e in tasks.run_events(second.claimed.fence.run_id)
                 if e.kind == "run.deferred"]

@@ -57,11 +57,41 @@ def test_a_completed_step_is_reused_by_the_next_run(gateway: Gateway) -> None:
     assert answer == {"state": "reuse", "output": {"employees": 12},
                       "computed_by": first.fence.run_id}
     assert step_events(first) == [("step.completed", {"key": "lookup:acme.com"})]
-    assert step_events(second) == [("step.reused", {"key": "lookup:acme.com",
+    assert step_events(second) == [("step.reused", {"key": "lookup:acme.com", "count": 1,
                                                     "computed_by": first.fence.run_id})]
     view = receipt(first.org_id, "lookup:acme.com")
     assert (view.status, view.output, view.run_id, view.play, view.expires_at) == (
         "completed", {"employees": 12}, first.fence.run_id, "noop", None)
+
+
+def test_a_claim_flood_writes_one_reused_row_per_key_and_steps_are_budgeted(
+        gateway: Gateway) -> None:
+    first = launched()
+    claim(gateway, first, "k")
+    complete(gateway, first, "k", 1)
+    second = launched(first.org_id)
+    for i in range(40):
+        assert claim(gateway, second, "k", f"c{i}")["state"] == "reuse"
+    assert step_events(second) == [("step.reused", {"key": "k", "count": 40,
+                                                    "computed_by": first.fence.run_id})]
+    # Past the attempt's step budget the receipts still work; the ledger stops growing.
+    context = Context(get_settings().model_copy(update={"step_max_events": 3}),
+                      BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0))
+    grant = tokens.Grant(second.org_id, second.fence.run_id, second.fence.generation,
+                         second.launch_id, frozenset(tokens.RUNNER_CAPABILITIES),
+                         time.time() + 60)
+    for i in range(6):
+        key = f"own{i}"
+        assert step_actions.claim(grant, step_actions.StepClaim(
+            action="step_claim", key=key, claim_id="c"), context)["state"] == "run"
+        step_actions.complete(grant, step_actions.StepComplete(
+            action="step_complete", key=key, claim_id="c", output=i), context)
+    kinds = [kind for kind, _ in step_events(second)]
+    assert kinds == ["step.reused", "step.completed", "step.completed"]
+    spent = [e.data for e in tasks.run_events(second.fence.run_id)
+             if e.kind == "ledger.budget_spent"]
+    assert spent == [{"group": "steps", "budget": 3}]
+    assert receipt(first.org_id, "own5").output == 5
 
 
 def test_receipts_are_scoped_by_org_and_play(gateway: Gateway) -> None:

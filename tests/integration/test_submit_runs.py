@@ -77,23 +77,49 @@ def test_a_single_submit_and_a_batch_share_keys(pg_url: str) -> None:
     o = org()
     one = tasks.submit_run(NOOP, input={"v": 1}, org_id=o, idempotency_key="a")
     batch = tasks.submit_runs([
-        {"play": NOOP, "input": {"v": 2}, "org_id": o, "idempotency_key": "a"},  # earlier
+        {"play": NOOP, "input": {"v": 1}, "org_id": o, "idempotency_key": "a"},  # earlier
         {"play": NOOP, "input": {"v": 3}, "org_id": o, "idempotency_key": "b"},
-        {"play": NOOP, "input": {"v": 4}, "org_id": o, "idempotency_key": "b"},  # this batch
+        {"play": NOOP, "input": {"v": 3.0}, "org_id": o, "idempotency_key": "b"},  # this batch
         {"play": NOOP, "input": {"v": 5}, "org_id": o},
         {"play": NOOP, "input": {"v": 6}, "org_id": o},  # no key: a run of its own
     ])
     assert [h.created for h in batch] == [False, True, False, True, True]
     assert batch[0].id == one.id and batch[1].id == batch[2].id
     assert len({h.id for h in batch}) == 4
-    again = tasks.submit_runs([{"play": NOOP, "org_id": o, "idempotency_key": "b"}])
+    again = tasks.submit_runs([{"play": NOOP, "input": {"v": 3}, "org_id": o,
+                                "idempotency_key": "b"}])
     assert again[0].id == batch[1].id and not again[0].created
-    assert tasks.submit_run(NOOP, org_id=o, idempotency_key="b").id == batch[1].id
-    # Nothing was written for a repeat: the first input of each key stands.
+    assert tasks.submit_run(NOOP, input={"v": 3}, org_id=o, idempotency_key="b").id \
+        == batch[1].id
     stored = runs_of(o)
     assert sorted(value["v"] for _, _, value in stored) == [1, 3, 5, 6]
-    assert {key: value for _, key, value in stored if key} == {"a": {"v": 1}, "b": {"v": 3}}
     assert rows_of(o) == (4, 4, 4)
+
+
+def test_a_key_reused_with_another_input_or_play_is_a_conflict(pg_url: str) -> None:
+    o = org()
+    first = tasks.submit_run(NOOP, input={"v": 1}, org_id=o, idempotency_key="k")
+    for play, value in ((NOOP, {"v": 2}), (NOOP, {"v": True}), (NOOP, None), (HELLO, {"v": 1})):
+        with pytest.raises(tasks.IdempotencyConflictError) as caught:
+            tasks.submit_run(play, input=value, org_id=o, idempotency_key="k")
+        assert caught.value.code == "IDEMPOTENCY_CONFLICT" and caught.value.run_id == first.id
+    # In a batch the conflict refuses every item: none of them is written.
+    with pytest.raises(tasks.IdempotencyConflictError) as caught:
+        tasks.submit_runs([{"play": NOOP, "org_id": o, "idempotency_key": "new"},
+                           {"play": NOOP, "input": {"v": 2}, "org_id": o,
+                            "idempotency_key": "k"}])
+    assert caught.value.item == 1 and caught.value.run_id == first.id
+    err = _refusal(lambda: tasks.submit_runs([
+        {"play": NOOP, "input": 1, "org_id": o, "idempotency_key": "twice"},
+        {"play": NOOP, "input": 2, "org_id": o, "idempotency_key": "twice"}]))
+    assert err.code == "INPUT_INVALID"
+    assert rows_of(o) == (1, 1, 1)
+    assert tasks.run_again(first.id, idempotency_key="k").id == first.id  # the same request
+    other = tasks.submit_run(NOOP, input={"v": 2}, org_id=o)
+    with pytest.raises(tasks.IdempotencyConflictError) as caught:
+        tasks.run_again(other.id, idempotency_key="k")
+    assert caught.value.run_id == first.id
+    assert tasks.submit_run(NOOP, input={"v": 1}, org_id=o, idempotency_key="k").id == first.id
 
 
 def test_the_same_key_in_two_orgs_is_two_runs(pg_url: str) -> None:
@@ -176,12 +202,16 @@ def test_the_direct_envelope_is_what_kombu_writes(redis_url: str) -> None:
 
 def test_submit_runs_on_sqlite(sqlite_db: str, published: StubPublisher) -> None:
     o = org()
-    hs = tasks.submit_runs([{"play": NOOP, "input": {"i": i}, "org_id": o,
+    hs = tasks.submit_runs([{"play": NOOP, "input": {"i": i % 3}, "org_id": o,
                              "idempotency_key": f"k{i % 3}"} for i in range(6)])
     assert [h.created for h in hs] == [True, True, True, False, False, False]
     assert [h.id for h in hs[3:]] == [h.id for h in hs[:3]]
-    assert tasks.submit_runs([{"play": NOOP, "org_id": o, "idempotency_key": "k1"}])[0].id \
-        == hs[1].id
+    assert tasks.submit_runs([{"play": NOOP, "input": {"i": 1}, "org_id": o,
+                               "idempotency_key": "k1"}])[0].id == hs[1].id
+    with pytest.raises(tasks.IdempotencyConflictError) as caught:
+        tasks.submit_runs([{"play": NOOP, "input": {"i": 2}, "org_id": o,
+                            "idempotency_key": "k1"}])
+    assert caught.value.run_id == hs[1].id
     assert rows_of(o) == (3, 3, 3)
     assert sorted(m.args[0] for m in published.sent) == sorted(h.id for h in hs[:3])
     assert [e.kind for e in tasks.run_events(hs[0].id)] == ["run.admitted"]

@@ -43,7 +43,7 @@ def nested(depth: int) -> list[Any]:
     return value
 
 
-# --- the oracle: what SPEC and issue #7 call valid, written apart from the code -----------
+# --- the oracle: what docs/contract.md calls valid, written apart from the code ---------
 
 def valid_name(value: Any, limit: int) -> bool:
     return (type(value) is str and 0 < len(value) <= limit and value.strip() != ""

@@ -1,4 +1,4 @@
-"""The deferral maths (SPEC 4.6): exponential, capped, equal jitter, a known wait as floor."""
+"""The deferral maths (docs/design.md): exponential, capped, equal jitter, a known wait as floor."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
+from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms, pacing_delay_ms
 
 
 @pytest.mark.parametrize(("count", "low", "high"), [
@@ -52,3 +52,9 @@ def test_the_delay_is_bounded(count: int, base: int, cap: int, r: float, floor: 
 ])
 def test_the_budget(count: int, total: int, nxt: int, exhausted: bool) -> None:
     assert budget_exhausted(count, total, nxt, max_count=20, max_total_ms=1800) is exhausted
+
+
+@given(wait=st.integers(1, 10**7), r=st.floats(0, 1, exclude_max=True))
+def test_a_throttled_start_comes_back_when_its_permit_is_due(wait: int, r: float) -> None:
+    delay = pacing_delay_ms(wait, rand=lambda: r)
+    assert wait <= delay <= wait + min(wait / 4, 1000)

@@ -10,12 +10,8 @@ from tests.support.paths import ROOT
 
 TASKS = ROOT / "tasks"
 MAX_LINES = 400
-# Being split into smaller modules; remove each entry once its split has landed.
-KNOWN_OVER = {
-    "tasks/sandbox/supervisor.py",
-    "tasks/execution/runner.py",
-    "tasks/execution/runner_sheets.py",
-}
+# Modules allowed past MAX_LINES (generated files would go here): none today.
+KNOWN_OVER: set[str] = set()
 
 
 def _unit(path: Path) -> str:

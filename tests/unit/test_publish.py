@@ -12,8 +12,8 @@ import tasks
 from models import Outbox
 from tasks.admission import relay
 from tasks.broker import publish
-from tasks.broker.app import app, send
-from tasks.broker.publish import CeleryPublisher, Sent, StubPublisher, stubbed
+from tasks.broker.app import app
+from tasks.broker.publish import CeleryPublisher, Sent, StubPublisher, send, stubbed
 from tasks.constants import QUEUE, TASK_CANCEL_ATTEMPT, TASK_START_ATTEMPT
 from tasks.store.db import session_scope
 from tests.support.paths import NOOP

@@ -51,7 +51,8 @@ def test_the_reader_returns_storable_json_or_one_coded_error(raw: str | bytes) -
         value = untrusted.parse(raw, max_bytes=4096)
     except DocumentInvalidError as exc:
         assert exc.code == "DOCUMENT_INVALID"
-        assert exc.reason in {"size", "encoding", "syntax", "depth", "number", "type"}
+        assert exc.reason in {"size", "values", "encoding", "syntax", "depth", "number",
+                              "type"}
         return
     _assert_storable(value)
     assert untrusted.parse(json.dumps(value), max_bytes=10**6) == value  # a fixed point
@@ -72,6 +73,56 @@ def test_hostile_shapes_are_refused_with_their_reason(raw: str | bytes, reason: 
     with pytest.raises(DocumentInvalidError) as info:
         untrusted.parse(raw, max_bytes=4096 if reason == "size" else 10**6)
     assert info.value.reason == reason
+
+
+def _structure(value: Any) -> int:
+    """The oracle: each container, comma and colon its JSON text has outside strings."""
+    if isinstance(value, list):
+        return 1 + max(len(value) - 1, 0) + sum(_structure(v) for v in value)
+    if isinstance(value, dict):
+        return 1 + len(value) + max(len(value) - 1, 0) + sum(_structure(v)
+                                                             for v in value.values())
+    return 0
+
+
+@given(st.one_of(JSONISH, st.binary(max_size=64)))
+@settings(max_examples=400, deadline=None)
+def test_the_value_bound_changes_nothing_it_lets_through(raw: str | bytes) -> None:
+    """The bounded reader accepts and refuses exactly what the unbounded one does, while
+    the bound holds; past it the refusal is `values`."""
+    def outcome(**bound: int) -> Any:
+        try:
+            return ("ok", untrusted.parse(raw, max_bytes=4096, **bound))
+        except DocumentInvalidError as exc:
+            return ("refused", exc.reason)
+    unbounded = outcome()
+    assert outcome(max_values=10**6) == unbounded
+    if unbounded[0] == "ok":
+        text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+        exact = untrusted.structure_count(text)
+        assert outcome(max_values=exact) == unbounded
+        if exact:
+            assert outcome(max_values=exact - 1) == ("refused", "values")
+
+
+@given(st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                              st.text(alphabet=',:[]{}"\\ab', max_size=8)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=5),
+                                            st.dictionaries(st.text(max_size=4), inner,
+                                                            max_size=5)), max_leaves=30))
+@settings(max_examples=300, deadline=None)
+def test_the_structure_count_is_exact(value: Any) -> None:
+    for text in (json.dumps(value), json.dumps(value, indent=1, ensure_ascii=False)):
+        assert untrusted.structure_count(text.encode()) == _structure(value)
+
+
+def test_a_body_of_many_cheap_values_is_refused_before_it_is_decoded() -> None:
+    with pytest.raises(DocumentInvalidError) as info:
+        untrusted.parse(b"[" + b"0," * 2_000_000 + b"0]", max_bytes=8 << 20,
+                        max_values=200_000)
+    assert info.value.reason == "values"
+    many_commas = json.dumps({"csv": "a,b:c" * 100_000}).encode()
+    assert untrusted.parse(many_commas, max_bytes=8 << 20, max_values=10)["csv"][:5] == "a,b:c"
 
 
 def test_strings_are_made_storable_not_refused() -> None:

@@ -1,4 +1,4 @@
-"""The fleet-wide sandbox start-rate bucket in Redis (SPEC 4.3).
+"""The fleet-wide sandbox start-rate bucket in Redis (docs/design.md).
 
 One Lua script per operation (``lua/acquire.lua``, ``penalize.lua``, ``inspect.lua``),
 each atomic, with Redis ``TIME`` as the clock; ``lua/prelude.lua`` (the clock, the

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tasks.constants import PROVIDER_NAMES
 from tasks.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ REMOTE: dict[str, RemoteEntry] = {
                              "agentcore", "boto3", ()),
 }
 LOCAL = ("local", "fake")
+assert set(PROVIDER_NAMES) == {*LOCAL, *REMOTE}, "tasks.constants.PROVIDER_NAMES is stale"
 
 
 def known() -> list[str]:
@@ -99,6 +101,18 @@ def check_credentials(name: str, environ: dict[str, str] | None = None) -> None:
     wanted = " or ".join("+".join(group) for group in found.credentials)
     raise ProviderCredentialsMissingError(
         f"sandbox provider {name!r} has no credentials: set {wanted}")
+
+
+def check_served(names: tuple[str, ...]) -> None:
+    """Each provider a worker is told to serve: known, its SDK installed, its credentials
+    set; the first that is not raises its coded error."""
+    if not names:
+        raise ProviderUnknownError("no sandbox provider named: set PLAYRUN_PROVIDERS")
+    for name in names:
+        if name in LOCAL:
+            continue
+        check_installed(name)
+        check_credentials(name)
 
 
 def load(name: str, root: Path, settings: Settings | None = None) -> SandboxProvider:

@@ -32,15 +32,24 @@ class AgentCoreSettings(BaseSettings):
 
     # The AWS-managed interpreter reaches only S3 and DNS: a gateway callback needs a
     # custom interpreter in PUBLIC or VPC network mode (docs/providers/agentcore.md).
-    interpreter_id: str = Field(default="aws.codeinterpreter.v1", min_length=1, max_length=256)
+    interpreter_id: str = Field(
+        default="aws.codeinterpreter.v1", min_length=1, max_length=256,
+        description="The code interpreter sessions are started from; a gateway callback "
+                    "needs a custom interpreter in PUBLIC or VPC network mode.")
     # Session start/stop/list; a create that outlives it is found again by its token.
-    create_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    create_timeout_s: float = Field(
+        default=30.0, gt=0, le=600,
+        description="Read timeout of session start, stop and list calls.")
     # One tool call: an upload, a status line, a bounded file read.
-    call_timeout_s: float = Field(default=120.0, gt=0, le=900)
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    call_timeout_s: float = Field(
+        default=120.0, gt=0, le=900,
+        description="Read timeout of one tool call (an upload, a status line, a file read).")
+    connect_timeout_s: float = Field(
+        default=10.0, gt=0, le=120, description="Connect timeout of every call.")
     # Relative to the session's working directory, where the file tools write.
     workdir: str = Field(
-        default="playrun", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$"
+        default="playrun", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$",
+        description="The runtime's directory, relative to the session's working directory.",
     )
 
 

@@ -45,8 +45,10 @@ def test_submit_prints_the_id_and_publishes_its_start(cli: StubPublisher) -> Non
     assert [(m.name, m.args) for m in cli.sent] == [(TASK_START_ATTEMPT, [run_id])]
     view = tasks.get_run(run_id)
     assert (view.org_id, view.idempotency_key, view.status) == (org, "k1", "queued")
-    # The same key is the same run.
-    assert ok("submit", str(HELLO), "--org", org, "--key", "k1").strip() == run_id
+    # The same key and input is the same run; another input under it is refused.
+    assert ok("submit", str(HELLO), "--input", '{"name": "Ada"}', "--org", org,
+              "--key", "k1").strip() == run_id
+    assert "IDEMPOTENCY_CONFLICT" in refused("submit", str(HELLO), "--org", org, "--key", "k1")
     shown = json.loads(ok("show", run_id[:12], "--json"))
     assert (shown["id"], shown["status"]) == (run_id, "queued")
     assert "run.admitted" in ok("show", run_id)

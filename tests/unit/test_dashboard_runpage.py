@@ -36,7 +36,12 @@ def test_a_deferred_attempt_shows_its_cause_and_next_retry(
     assert attempt.state == "deferred" and attempt.deferral_cause == "throttle"
     assert attempt.next_retry_at is not None and attempt.next_retry_at > page.now
     assert [e.kind for e in attempt.timeline] == ["attempt.started", "run.deferred"]
-    assert page.deferral_count == 1 and attempt.heartbeat_deadline is None
+    # Pacing by the start rate spends none of the run's deferral count; waiting for
+    # capacity does.
+    assert page.deferral_count == 0 and attempt.heartbeat_deadline is None
+    waiting = new_run(org)
+    assert deferral.defer(must_claim(waiting), "capacity", get_settings()) == "deferred"
+    assert run_page(waiting).deferral_count == 1
 
 
 def test_sheet_rows_taken_over_by_a_newer_version_name_the_winner(org: str) -> None:

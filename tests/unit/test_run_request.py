@@ -39,12 +39,13 @@ def test_run_requests_are_admitted_like_dicts(db: list[Any]) -> None:
         [
             RunRequest(NOOP, o, {"i": 0}, "k0"),
             {"play": NOOP, "input": {"i": 1}, "org_id": o, "idempotency_key": "k1"},
-            RunRequest(play=str(NOOP), org_id=o, idempotency_key="k1"),
+            RunRequest(play=str(NOOP), org_id=o, input={"i": 1}, idempotency_key="k1"),
         ]
     )
     assert [h.created for h in hs] == [True, True, False]
     assert hs[2].id == hs[1].id  # the key, whichever form carried it
-    again = tasks.submit_runs([{"play": NOOP, "org_id": o, "idempotency_key": "k0"}])
+    again = tasks.submit_runs([{"play": NOOP, "org_id": o, "input": {"i": 0},
+                                "idempotency_key": "k0"}])
     assert again[0].id == hs[0].id and not again[0].created
     views = [tasks.get_run(h.id) for h in hs[:2]]
     assert [v.output for v in views] == [None, None]

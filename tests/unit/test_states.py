@@ -57,6 +57,9 @@ STORED = {
         "run.succeeded",
         "run.failed",
         "run.cancelled",
+        "placement.chosen",
+        "ledger.budget_spent",
+        "gateway.refused",
     },
 }
 

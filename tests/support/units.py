@@ -61,7 +61,8 @@ def served_gateway() -> Iterator[ServedGateway]:
     asgi = create_app(get_settings(), lambda name, args, queue: sent.append((name, args, queue)))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=port, lifespan="off",
-                                           log_level="warning", access_log=False))
+                                           log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, name="unit-gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -13,13 +13,15 @@ import pytest
 from tasks.errors import ProcessNotReadyError
 from tasks.testing.child import Child
 
-# Says it is ready, forks a child of its own, then waits to be stopped.
-SERVES = ("import os, sys, time\n"
+# Says it is ready, then waits to be stopped.
+SERVES = ("import time\n"
           "print('starting', flush=True)\n"
-          "if os.fork() == 0:\n"
-          "    time.sleep(600)\n"
           "print('serving', flush=True)\n"
           "time.sleep(600)\n")
+# The same with a child of its own, forked before it is ready.
+FORKS = ("import os, time\n"
+         "if os.fork() == 0:\n"
+         "    time.sleep(600)\n" + SERVES)
 
 
 def child(tmp_path: Path, source: str, ready: str | None = "serving") -> Child:
@@ -28,7 +30,7 @@ def child(tmp_path: Path, source: str, ready: str | None = "serving") -> Child:
 
 
 def test_ready_once_the_log_says_so_and_stopped_with_its_group(tmp_path: Path) -> None:
-    with child(tmp_path, SERVES) as probe:
+    with child(tmp_path, FORKS) as probe:
         assert probe.running and "serving" in probe.output()
         (forked,) = probe.child_pids()
         assert Path(f"/proc/{forked}").exists()

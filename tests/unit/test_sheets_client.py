@@ -54,10 +54,16 @@ from tests.support.units import ServedGateway, served_gateway
 EXECUTION = Path(__file__).resolve().parents[2] / "tasks" / "execution"
 
 
-@pytest.fixture
-def gateway(sqlite_db: str) -> Iterator[ServedGateway]:
+@pytest.fixture(scope="module")
+def _served() -> Iterator[ServedGateway]:
     with served_gateway() as served:
         yield served
+
+
+@pytest.fixture
+def gateway(sqlite_db: str, _served: ServedGateway) -> ServedGateway:
+    """The module's gateway, on this test's database (it reads the settings per request)."""
+    return _served
 
 
 def rows_of(n: int, prefix: str = "c") -> list[dict[str, Any]]:

@@ -17,10 +17,16 @@ from tests.support.sheets import PlayCtx, Stopped, launch, new_org
 from tests.support.units import ServedGateway, served_gateway
 
 
-@pytest.fixture
-def gateway(sqlite_db: str) -> Iterator[ServedGateway]:
+@pytest.fixture(scope="module")
+def _served() -> Iterator[ServedGateway]:
     with served_gateway() as served:
         yield served
+
+
+@pytest.fixture
+def gateway(sqlite_db: str, _served: ServedGateway) -> ServedGateway:
+    """The module's gateway, on this test's database (it reads the settings per request)."""
+    return _served
 
 
 def steps_of(ctx: PlayCtx, within_s: float = 30.0) -> Steps:

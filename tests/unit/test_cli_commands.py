@@ -7,7 +7,8 @@ import json
 import uuid
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
+from typer.main import get_command
 
 import tasks
 from tasks.acquisition import policy
@@ -18,6 +19,7 @@ from tasks.settings import get_settings
 from tests.support.paths import HELLO
 
 runner = CliRunner()
+COMMAND = get_command(app)  # built once, not at every invoke
 
 
 @pytest.fixture
@@ -26,13 +28,13 @@ def cli(sqlite_db: str, published: StubPublisher) -> StubPublisher:
 
 
 def ok(*args: str) -> str:
-    result = runner.invoke(app, list(args))
+    result = runner.invoke(COMMAND, list(args))
     assert result.exit_code == 0, (result.output, result.exception)
     return result.stdout
 
 
 def refused(*args: str) -> str:
-    result = runner.invoke(app, list(args))
+    result = runner.invoke(COMMAND, list(args))
     assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
     assert "Traceback" not in result.output
     return result.output

@@ -6,6 +6,7 @@ when the tests asked for reach outside tests/unit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     import redis
 
     from tasks.broker.publish import StubPublisher
+    from tasks.sandbox.fake import FakeScript
     from tests.support.stack import Gateway, Worker
 
 os.environ.update(LOCAL_ENV)
@@ -126,16 +128,31 @@ def pg_url() -> Iterator[str]:
     psql(f'DROP DATABASE IF EXISTS "{PG_NAME}" WITH (FORCE)')
 
 
-@pytest.fixture
-def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A migrated SQLite database (the embedded default) that this test's code uses."""
-    from tasks.settings import reset_settings
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite file migrated by Alembic, copied for each test that asks for one."""
+    import sqlite3
+
     from tasks.store import db
 
-    url = f"sqlite:///{tmp_path / 'playrun.db'}"
+    path = tmp_path_factory.mktemp("sqlite-template") / "playrun.db"
+    db.upgrade(f"sqlite:///{path}")
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # everything into the main file
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              _sqlite_template: Path) -> Iterator[str]:
+    """A migrated SQLite database (the embedded default) that this test's code uses."""
+    from tasks.settings import reset_settings
+
+    path = tmp_path / "playrun.db"
+    shutil.copyfile(_sqlite_template, path)
+    url = f"sqlite:///{path}"
     monkeypatch.setenv("PLAYRUN_DATABASE_URL", url)
     reset_settings()
-    db.upgrade(url)
     yield url
     monkeypatch.undo()
     reset_settings()
@@ -148,6 +165,30 @@ def published() -> Iterator[StubPublisher]:
 
     with stubbed() as stub:
         yield stub
+
+
+@pytest.fixture
+def fake_stack(sqlite_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+               ) -> Iterator[FakeScript]:
+    """SQLite, the `fake` provider (runners handed to a host that is not running: no
+    process starts) and the in-memory limiter; yields the fault script."""
+    from tasks.acquisition import permits, starthistory
+    from tasks.sandbox.fake import FakeScript
+    from tasks.settings import reset_settings
+    from tests.support.units import FakeLimiter
+
+    root = tmp_path / "sandboxes"
+    monkeypatch.setenv("PLAYRUN_SANDBOX_PROVIDER", "fake")
+    monkeypatch.setenv("PLAYRUN_SANDBOX_ROOT", str(root))
+    reset_settings()
+    limiter = FakeLimiter()
+    monkeypatch.setattr(permits, "limiter", lambda: limiter)
+    monkeypatch.setattr(starthistory, "record_permit", lambda *a, **k: None)
+    monkeypatch.setattr(starthistory, "record_penalty", lambda *a, **k: None)
+    script = FakeScript(root)
+    script.set(hosted_runners=True)
+    yield script
+    reset_settings()
 
 
 @pytest.fixture(scope="session")

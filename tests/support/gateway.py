@@ -4,7 +4,7 @@ and one runtime request."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -14,7 +14,9 @@ from tasks.security import tokens
 from tasks.settings import get_settings
 from tasks.store.fence import Fence
 from tests.support.runs import must_claim, new_run
-from tests.support.stack import Gateway
+
+if TYPE_CHECKING:  # the stack module starts the session's servers when imported
+    from tests.support.stack import Gateway
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Operator input at the CLI: a bad number or duration is one line with its code on
 stderr and exit status 2, never a traceback; a good one still does its job.
 
-The fuzz runs in-process with typer's CliRunner, with the setters replaced by
+The fuzz runs in-process with click's CliRunner, with the setters replaced by
 recorders (a fuzzed good value must not change the fleet's policy mid-session);
 a few real `python -m tasks.cli.main` processes and real good values close the loop.
 """
@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner, Result
+from typer.main import get_command
 
 from tasks.acquisition import capacity, policy
 from tasks.admission.validate import parse_input_text
@@ -28,12 +29,14 @@ from tasks.errors import InputInvalidError
 from tasks.maintenance import gc
 from tasks.parse.durations import parse_duration
 from tasks.store.db import session_scope
+from tests.support.env import LOCAL_ENV, clean_env
 from tests.support.paths import ROOT
-from tests.support.stack import worker_env
 
 YEAR = 365 * 86400.0
 MAX_INT = 2**31 - 1
 runner = CliRunner()
+# Built once: typer builds the command from every signature again at each invoke.
+COMMAND = get_command(app)
 
 FUZZ = settings(max_examples=60, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -89,7 +92,7 @@ def duration(text: str, maximum: float = YEAR) -> float | None:
 
 
 def cli(*args: str) -> Result:
-    return runner.invoke(app, list(args))
+    return runner.invoke(COMMAND, list(args))
 
 
 def refused(result: Result, code: str) -> None:
@@ -108,7 +111,7 @@ def accepted(result: Result) -> None:
 
 
 @pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> Iterator[list[tuple[Any, ...]]]:
+def recorded(monkeypatch: pytest.MonkeyPatch, sqlite_db: str) -> Iterator[list[tuple[Any, ...]]]:
     """The policy and capacity setters and the GC pass, recording what reached them."""
     calls: list[tuple[Any, ...]] = []
 
@@ -232,7 +235,7 @@ def test_capacity_set_count(recorded: list[tuple[Any, ...]], text: str, org: str
 
 @FUZZ
 @given(since=duration_text)
-def test_stats_since(pg_url: str, since: str) -> None:
+def test_stats_since(sqlite_db: str, since: str) -> None:
     check_stats(since)
 
 
@@ -244,7 +247,7 @@ def test_gc_grace(recorded: list[tuple[Any, ...]], grace: str) -> None:
 
 @FUZZ
 @given(limit=number_text)
-def test_runs_limit(pg_url: str, limit: str) -> None:
+def test_runs_limit(sqlite_db: str, limit: str) -> None:
     check_runs(limit)
 
 
@@ -253,7 +256,7 @@ INPUTS = ["{}", "null", "[" * 100_000, "NaN", "{", "1" * 5000, '"\\u0000"', '{"a
 
 @FUZZ
 @given(timeout=duration_text, input_=st.one_of(st.sampled_from(INPUTS), st.text(max_size=8)))
-def test_submit_timeout_and_input(pg_url: str, timeout: str, input_: str) -> None:
+def test_submit_timeout_and_input(sqlite_db: str, timeout: str, input_: str) -> None:
     check_submit(timeout, input_)
 
 
@@ -274,12 +277,12 @@ def test_every_edge_duration_everywhere(recorded: list[tuple[Any, ...]], text: s
 
 
 @pytest.mark.parametrize("input_", INPUTS)
-def test_every_edge_input(pg_url: str, input_: str) -> None:
+def test_every_edge_input(sqlite_db: str, input_: str) -> None:
     check_submit("10m", input_)
 
 
 @pytest.mark.parametrize("run_id", ["nope", "\ud800", "0" * 32, "a\x00b"])
-def test_show_and_cancel_of_a_bad_id(pg_url: str, run_id: str) -> None:
+def test_show_and_cancel_of_a_bad_id(sqlite_db: str, run_id: str) -> None:
     refused(cli("show", run_id), "RUN_NOT_FOUND")
     refused(cli("cancel", run_id), "RUN_NOT_FOUND")
 
@@ -293,7 +296,7 @@ def test_negative_numbers_reach_the_checks_without_a_double_dash(
     assert recorded == []
 
 
-def test_good_values_still_work_for_real(pg_url: str) -> None:
+def test_good_values_still_work_for_real(sqlite_db: str) -> None:
     org = f"val-{uuid.uuid4().hex[:8]}"
     try:
         accepted(cli("policy", "throttle", "100000", "--for", "1m", "--reason", "cli test"))
@@ -317,8 +320,10 @@ def test_good_values_still_work_for_real(pg_url: str) -> None:
     (["stats", "--since", "1h1h"], "DURATION_INVALID"),
     (["show", "\udcff"], "RUN_NOT_FOUND"),  # what Linux hands Python for the byte 0xff
 ])
-def test_the_real_command_prints_one_line(pg_url: str, args: list[str], code: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], env=worker_env(),
+def test_the_real_command_prints_one_line(sqlite_db: str, args: list[str], code: str) -> None:
+    env = clean_env(**LOCAL_ENV, PLAYRUN_DATABASE_URL=sqlite_db,
+                    PLAYRUN_REDIS_URL="redis://127.0.0.1:1/0")
+    proc = subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], env=env,
                           cwd=str(ROOT), capture_output=True, timeout=60)
     stderr = proc.stderr.decode(errors="replace")
     assert proc.returncode == 2, stderr
@@ -330,7 +335,7 @@ def test_the_real_command_prints_one_line(pg_url: str, args: list[str], code: st
     (0, True), (MAX_INT, True), (-1, False), (MAX_INT + 1, False), (True, False), (1.0, False),
     ("3", False), (None, True),
 ])
-def test_set_limit_checks_where_it_stores(pg_url: str, value: Any, ok: bool) -> None:
+def test_set_limit_checks_where_it_stores(sqlite_db: str, value: Any, ok: bool) -> None:
     org = f"val-{uuid.uuid4().hex[:8]}"
     if ok:
         capacity.set_limit(org, value)
@@ -347,5 +352,5 @@ def test_set_limit_checks_where_it_stores(pg_url: str, value: Any, ok: bool) -> 
 
 
 @pytest.mark.parametrize("revision", ["zzz", "\x00", "", "head\n"])
-def test_db_upgrade_to_an_unknown_revision(pg_url: str, revision: str) -> None:
+def test_db_upgrade_to_an_unknown_revision(sqlite_db: str, revision: str) -> None:
     refused(cli("db", "upgrade", "--revision", revision), "INPUT_INVALID")

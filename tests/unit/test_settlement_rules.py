@@ -1,5 +1,5 @@
 """Settlement rules: cancel requested before any terminal wins; a holder whose lease ran
-out releases nothing (the reaper settles from the sandbox); JSONB-hostile JSON is refused."""
+out releases nothing (the reaper settles from the sandbox); JSON that is not JSON is refused."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tasks.store.db import session_scope
 from tests.support.runs import lease, must_claim, new_run, reserve
 
 
-def test_a_cancel_recorded_before_the_terminal_wins(pg_url: str) -> None:
+def test_a_cancel_recorded_before_the_terminal_wins(sqlite_db: str) -> None:
     f = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
     tasks.cancel_run(f.run_id)
     settled = settle(f, Outcome(RunStatus.SUCCEEDED, output={"late": True}), reason="ended")
@@ -36,7 +36,7 @@ def _set_lease(run_id: str, seconds_from_now: float) -> None:
 
 
 def test_a_holder_whose_lease_ran_out_releases_nothing(
-    pg_url: str, caplog: pytest.LogCaptureFixture
+    sqlite_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"
     f = must_claim(new_run(org), "A")

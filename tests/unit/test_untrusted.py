@@ -1,5 +1,6 @@
-"""The untrusted-document reader, and settlement of whatever it lets through, on real
-PostgreSQL and SQLite: every document ends in a stored terminal or a coded refusal."""
+"""The untrusted-document reader, and settlement of whatever it lets through on SQLite
+(PostgreSQL: tests/integration/test_untrusted_postgres.py): every document ends in a
+stored terminal or a coded refusal."""
 
 from __future__ import annotations
 
@@ -14,40 +15,15 @@ from hypothesis import strategies as st
 
 import tasks
 from models import CapacityLease, Run
-from tasks.constants import MAX_RESULT_FILE_BYTES
 from tasks.errors import DocumentInvalidError
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.maintenance.trouble import MAX_PASSES, note_failure
 from tasks.parse import untrusted
-from tasks.settlement.outcome import Outcome, from_result
-from tasks.settlement.terminal import settle
 from tasks.store.db import session_scope
+from tests.support.documents import JSONISH, RESULTS, check_settled, settle_document
 from tests.support.runs import must_claim, new_run, reserve
 
 # --- the reader alone ---------------------------------------------------------------
-
-ODD_TEXT = st.text(alphabet=st.sampled_from(
-    ["a", "\x00", "\ud800", "\udfff", "\u2028", "é", "\"", "\\", "\U0001f600", "\n"]),
-    max_size=12)
-NUMBERS = st.sampled_from(["0", "-0", "1e400", "-1e400", "1e-400", "9" * 30, "-" + "9" * 19,
-                           "9223372036854775807", "9223372036854775808", "NaN", "Infinity",
-                           "-Infinity", "1.5", "01", "1e", ".5", "0x10"])
-
-
-def _leaf_text() -> st.SearchStrategy[str]:
-    return st.one_of(NUMBERS, ODD_TEXT.map(json.dumps),
-                     st.sampled_from(["true", "false", "null", '"\\u0000"', '"\\ud800"']))
-
-
-JSONISH = st.recursive(
-    _leaf_text(),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4).map(lambda xs: "[" + ",".join(xs) + "]"),
-        st.lists(st.tuples(ODD_TEXT.map(json.dumps), inner), max_size=4).map(
-            lambda kv: "{" + ",".join(f"{k}:{v}" for k, v in kv) + "}"),
-    ),
-    max_leaves=20,
-)
 
 
 def _assert_storable(value: Any, depth: int = 0) -> None:
@@ -162,61 +138,18 @@ def test_storable_refuses_values_that_are_not_json() -> None:
             untrusted.storable(bad)
 
 
-# --- through settlement, on both databases --------------------------------------------
-
-def _settle_document(raw: str | bytes) -> tuple[str, str | None, Any]:
-    fence = must_claim(new_run())
-    outcome = from_result(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str)
-                          else raw)
-    settle(fence, outcome, reason="ended")
-    view = tasks.get_run(fence.run_id)
-    return view.status, view.code, view.output
-
-
-def _check_settled(raw: str | bytes, status: str, code: str | None, output: Any) -> None:
-    assert status in {"succeeded", "failed"}
-    try:
-        body = untrusted.parse(raw, max_bytes=MAX_RESULT_FILE_BYTES)
-    except DocumentInvalidError:
-        assert (status, code) == ("failed", "OUTPUT_INVALID")
-        return
-    if status == "succeeded":
-        assert output == body["output"]  # stored and read back unchanged
-    else:
-        assert code in {"OUTPUT_INVALID", "PLAY_ERROR"}
-
-
-RESULTS = JSONISH.map(lambda inner: '{"status": "succeeded", "output": ' + inner + "}")
-
-
-@given(st.one_of(RESULTS, JSONISH))
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_any_result_document_settles_on_postgres(pg_url: str, raw: str) -> None:
-    _check_settled(raw, *_settle_document(raw))
-
-
+# --- through settlement ------------------------------------------------------------
 
 @given(st.one_of(RESULTS, JSONISH))
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_result_document_settles_on_sqlite(sqlite_db: str, raw: str) -> None:
-    _check_settled(raw, *_settle_document(raw))
-
-
-def test_an_outcome_the_database_refuses_is_settled_output_invalid(pg_url: str) -> None:
-    fence = must_claim(new_run())
-    # Bypassing the reader: PostgreSQL's JSONB refuses \u0000 inside a string.
-    settled = settle(fence, Outcome("succeeded", output={"bad": "a\x00b"}), reason="ended")
-    view = tasks.get_run(fence.run_id)
-    assert settled.won
-    assert (view.status, view.code, view.output) == ("failed", "OUTPUT_INVALID", None)
-    assert "could not be stored" in (view.error or "")
+    check_settled(raw, *settle_document(raw))
 
 
 # --- bounded maintenance failures --------------------------------------------------------
 
-def test_a_run_that_keeps_failing_maintenance_is_failed_and_released(pg_url: str) -> None:
+def test_a_run_that_keeps_failing_maintenance_is_failed_and_released(sqlite_db: str) -> None:
     org = f"trouble-{uuid.uuid4().hex[:8]}"
     fence = must_claim(new_run(org))
     lease_id = reserve(fence, org)

@@ -1,6 +1,6 @@
-"""The play's side of runtime sheets (playrun_sheets.py) against a real gateway process:
-paging, reuse under the write intent, lost answers, supersession, row errors, hostile
-input caught before anything is sent, progress, and the runner's verdict."""
+"""The play's side of runtime sheets (playrun_sheets.py) against the gateway served over
+HTTP on SQLite: paging, reuse under the write intent, lost answers, supersession, row
+errors, hostile input caught before anything is sent, progress, and the runner's verdict."""
 
 from __future__ import annotations
 
@@ -34,10 +34,9 @@ from tasks.security import tokens
 from tasks.settings import Settings
 from tasks.store.fence import Fence
 from tests.support.helpers import eventually
-from tests.support.runs import close_open_runs, supersede
+from tests.support.runs import supersede
 from tests.support.sheets import (
-    ORG_PREFIX,
-    PLAY_NAME,
+        PLAY_NAME,
     LossyProxy,
     PlayCtx,
     Stopped,
@@ -50,15 +49,21 @@ from tests.support.sheets import (
     start,
     write,
 )
-from tests.support.stack import Gateway
+from tests.support.units import ServedGateway, served_gateway
 
 EXECUTION = Path(__file__).resolve().parents[2] / "tasks" / "execution"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_hand_driven_runs(pg_url: str) -> Iterator[None]:
-    yield
-    close_open_runs(ORG_PREFIX)
+@pytest.fixture(scope="module")
+def _served() -> Iterator[ServedGateway]:
+    with served_gateway() as served:
+        yield served
+
+
+@pytest.fixture
+def gateway(sqlite_db: str, _served: ServedGateway) -> ServedGateway:
+    """The module's gateway, on this test's database (it reads the settings per request)."""
+    return _served
 
 
 def rows_of(n: int, prefix: str = "c") -> list[dict[str, Any]]:
@@ -69,7 +74,7 @@ def enrich(row: dict[str, Any]) -> dict[str, Any]:
     return {"domain": row["domain"], "double": row["n"] * 2}
 
 
-def test_map_fills_a_sheet_across_pages_in_row_order(gateway: Gateway) -> None:
+def test_map_fills_a_sheet_across_pages_in_row_order(gateway: ServedGateway) -> None:
     run = launch()
     ctx = PlayCtx(run, gateway.url)
     rows = rows_of(1234)[::-1]  # not in key order: results follow the rows
@@ -94,7 +99,7 @@ def test_map_fills_a_sheet_across_pages_in_row_order(gateway: Gateway) -> None:
     assert stored["c000007.com"][2] == {"domain": "c000007.com", "double": 14}
 
 
-def test_a_wake_of_the_same_run_reuses_its_intent_and_done_rows(gateway: Gateway) -> None:
+def test_a_wake_of_the_same_run_reuses_its_intent_and_done_rows(gateway: ServedGateway) -> None:
     run = launch()
     rows = rows_of(30)
     first = SheetClient(PlayCtx(run, gateway.url), "companies", page_rows=7)
@@ -111,7 +116,7 @@ def test_a_wake_of_the_same_run_reuses_its_intent_and_done_rows(gateway: Gateway
 
 
 def test_a_wake_reads_back_outcomes_too_large_for_the_admission_answer(
-        gateway: Gateway) -> None:
+        gateway: ServedGateway) -> None:
     run = launch()
     rows = rows_of(40)
 
@@ -126,7 +131,7 @@ def test_a_wake_reads_back_outcomes_too_large_for_the_admission_answer(
     assert ctx.actions("sheet_read") and not ctx.actions("sheet_write")
 
 
-def test_a_lost_admission_answer_is_retried_under_the_same_version(gateway: Gateway) -> None:
+def test_a_lost_admission_answer_is_retried_under_the_same_version(gateway: ServedGateway) -> None:
     run = launch()
     proxy = LossyProxy(gateway.url, "sheet_start_with_intent", drop=2)
     try:
@@ -143,7 +148,7 @@ def test_a_lost_admission_answer_is_retried_under_the_same_version(gateway: Gate
     assert {v for _, v, _ in db_rows(run.org_id).values()} == {sheet.write_version}
 
 
-def test_a_lost_legacy_answer_is_why_the_runner_never_uses_it(gateway: Gateway) -> None:
+def test_a_lost_legacy_answer_is_why_the_runner_never_uses_it(gateway: ServedGateway) -> None:
     run = launch()
     proxy = LossyProxy(gateway.url, "sheet_start", drop=1)
     try:
@@ -224,7 +229,7 @@ def nested(depth: int) -> Any:
     ([{"domain": "a", "big": 2**70}], ValueError, "beyond 64 bits"),
 ])
 def test_bad_rows_are_refused_before_anything_is_sent(
-        gateway: Gateway, rows: list[Any], error: type[Exception], match: str) -> None:
+        gateway: ServedGateway, rows: list[Any], error: type[Exception], match: str) -> None:
     ctx = PlayCtx(launch(), gateway.url)
     with pytest.raises(error, match=match):
         SheetClient(ctx, "companies").map(rows, enrich, key="domain")
@@ -232,13 +237,13 @@ def test_bad_rows_are_refused_before_anything_is_sent(
 
 
 @pytest.mark.parametrize("table", ["", "a b", "../x", "t;", "é", "t" * 65, None, 5])
-def test_bad_table_names_are_refused(gateway: Gateway, table: Any) -> None:
+def test_bad_table_names_are_refused(gateway: ServedGateway, table: Any) -> None:
     with pytest.raises(ValueError, match="table name"):
         SheetClient(PlayCtx(launch(), gateway.url), table)
 
 
 def test_results_that_are_not_json_and_raising_rows_fail_only_their_row(
-        gateway: Gateway) -> None:
+        gateway: ServedGateway) -> None:
     run = launch()
     outcomes: dict[str, Any] = {
         "set.com": {1, 2}, "nan.com": float("nan"), "big.com": "x" * 70_000,
@@ -266,7 +271,7 @@ def test_results_that_are_not_json_and_raising_rows_fail_only_their_row(
     assert (stored["none.com"].status, stored["none.com"].result) == ("done", None)
 
 
-def test_a_superseded_writer_stops_and_says_why(gateway: Gateway) -> None:
+def test_a_superseded_writer_stops_and_says_why(gateway: ServedGateway) -> None:
     org = new_org()
     old, new = launch(org), launch(org)
     rows = rows_of(8)
@@ -294,7 +299,7 @@ def test_a_superseded_writer_stops_and_says_why(gateway: Gateway) -> None:
     assert all(r[0] == "done" and r[2] != {"stale": True} for r in stored.values())
 
 
-def test_a_run_that_lost_its_fence_stops_the_runner(gateway: Gateway) -> None:
+def test_a_run_that_lost_its_fence_stops_the_runner(gateway: ServedGateway) -> None:
     run = launch()
 
     def fn(row: dict[str, Any]) -> Any:
@@ -306,7 +311,7 @@ def test_a_run_that_lost_its_fence_stops_the_runner(gateway: Gateway) -> None:
     assert {r[0] for r in db_rows(run.org_id).values()} == {"pending"}
 
 
-def test_map_reports_progress_at_most_once_a_second(gateway: Gateway) -> None:
+def test_map_reports_progress_at_most_once_a_second(gateway: ServedGateway) -> None:
     ctx = PlayCtx(launch(), gateway.url)
     started = time.monotonic()
 
@@ -324,7 +329,7 @@ def test_map_reports_progress_at_most_once_a_second(gateway: Gateway) -> None:
     assert [f["done"] for _, _, f in ctx.logs] == sorted(f["done"] for _, _, f in ctx.logs)
 
 
-def test_rows_reads_back_what_the_sheet_holds(gateway: Gateway) -> None:
+def test_rows_reads_back_what_the_sheet_holds(gateway: ServedGateway) -> None:
     run = launch()
     sheet = SheetClient(PlayCtx(run, gateway.url), "companies")
     sheet.map(rows_of(1200), enrich, key="domain")
@@ -373,7 +378,7 @@ def runner_dir(tmp_path: Path, source: str) -> Path:
 
 
 def test_a_play_that_swallows_the_supersession_still_fails_with_its_code(
-        gateway: Gateway, tmp_path: Path) -> None:
+        gateway: ServedGateway, tmp_path: Path) -> None:
     org = new_org()
     old = launch(org)
     env = {"PATH": "/usr/bin:/bin", "PLAYRUN_TOKEN": old.token(),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,15 +16,14 @@ from tasks.errors import RunNotFoundError
 from tasks.settings import get_settings
 from tasks.sheets import store
 from tasks.store.db import session_scope
-from tests.support.runs import close_open_runs, must_claim, new_run
+from tests.support.runs import must_claim, new_run
 
 ORG_PREFIX = "dpg-"
 
 
 @pytest.fixture
-def org(pg_url: str) -> Iterator[str]:
-    yield f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
-    close_open_runs(ORG_PREFIX)
+def org(sqlite_db: str) -> str:
+    return f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
 
 
 def test_a_deferred_attempt_shows_its_cause_and_next_retry(
@@ -38,7 +36,12 @@ def test_a_deferred_attempt_shows_its_cause_and_next_retry(
     assert attempt.state == "deferred" and attempt.deferral_cause == "throttle"
     assert attempt.next_retry_at is not None and attempt.next_retry_at > page.now
     assert [e.kind for e in attempt.timeline] == ["attempt.started", "run.deferred"]
-    assert page.deferral_count == 1 and attempt.heartbeat_deadline is None
+    # Pacing by the start rate spends none of the run's deferral count; waiting for
+    # capacity does.
+    assert page.deferral_count == 0 and attempt.heartbeat_deadline is None
+    waiting = new_run(org)
+    assert deferral.defer(must_claim(waiting), "capacity", get_settings()) == "deferred"
+    assert run_page(waiting).deferral_count == 1
 
 
 def test_sheet_rows_taken_over_by_a_newer_version_name_the_winner(org: str) -> None:
@@ -77,7 +80,7 @@ def test_steps_are_counted_and_a_long_ledger_is_paged(org: str) -> None:
     assert [e.id for e in tail.events] == seen[-200:]
 
 
-def test_failure_classes_and_unknown_runs() -> None:
+def test_failure_classes_and_unknown_runs(sqlite_db: str) -> None:
     assert failure_class("PLAY_ERROR") is FailureClass.PLAY
     assert failure_class("START_DEFERRAL_EXHAUSTED") is FailureClass.BEFORE_CODE
     assert failure_class("RUNTIME_RUNNER_LOST") is FailureClass.RUNTIME

@@ -162,7 +162,7 @@ RUNNER_STEPS_FILE: Final = "playrun_steps.py"
 RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 
 # The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0009"
+SCHEMA_REVISION: Final = "0010"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, SHEET_MAX_PAGE_ROWS
+from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, SHEET_MAX_PAGE_ROWS, StartOrder
 from tasks.errors import ConfigurationError
 
 _HOME = Path.home() / ".playrun"
@@ -87,6 +87,14 @@ class Settings(BaseSettings):
     start_rate_global_max_per_min: float | None = None
     # Waits at most this long in place for a permit; longer waits defer the attempt.
     start_local_sleep_ms: int = Field(default=1000, ge=0)
+
+    # fair: starts go to the broker by org, weighted, only as far ahead as the start rate
+    # allows (tasks/acquisition/fairshare/); fifo: in order of admission, all at once.
+    start_order: StartOrder = StartOrder.FAIR
+    # Fair order: start messages in flight, as seconds of the current start rate...
+    fair_ahead_s: float = Field(default=1.0, gt=0, le=60)
+    # ... and never more than this many: the bound on the start queue's length.
+    fair_max_ahead: int = Field(default=200, ge=1, le=10_000)
 
     # Bounded deferral of pre-code failures (SPEC 4.6).
     deferral_max_count: int = Field(default=20, ge=0)

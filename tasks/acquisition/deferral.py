@@ -24,6 +24,7 @@ from tasks.constants import (
     AttemptState,
     EventKind,
     RunStatus,
+    StartOrder,
 )
 from tasks.observe import metrics
 from tasks.release.attempt import release_attempt
@@ -86,7 +87,9 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
     if verdict is not Verdict.DEFERRED:
         run_settled(fence.run_id,
                     RunStatus.FAILED if verdict is Verdict.EXHAUSTED else RunStatus.CANCELLED)
-    elif outbox_id is not None and delay / 1000 <= settings.max_countdown_s:
+    elif (outbox_id is not None and delay / 1000 <= settings.max_countdown_s
+          and settings.start_order == StartOrder.FIFO):
+        # Fair order: the row waits in the outbox for its org's turn once due.
         _publish_with_countdown(app, outbox_id, fence.run_id, delay / 1000)
     return verdict
 
@@ -118,7 +121,8 @@ def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cau
     ledger.append(session, fence.run_id, EventKind.DEFERRED,
                   {"cause": cause, "delay_ms": delay, "detail": detail or None},
                   fence.generation)
-    return enqueue_start(session, fence.run_id, delay_s=delay / 1000)
+    return enqueue_start(session, fence.run_id, run.org_id, delay_s=delay / 1000,
+                         place=run.created_at)
 
 
 def _publish_with_countdown(app: Any, outbox_id: str, run_id: str, countdown: float) -> None:

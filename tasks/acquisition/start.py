@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,8 +122,11 @@ def _first_start(run_id: str, settings: Settings, policy: traffic.Policy) -> Ope
 _DEFERRED = Acquired(Step.DEFERRED)
 
 
-def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
-    """Raises FenceLostError when the attempt lost its fence on the way."""
+def acquire_sandbox(opened: Opened, settings: Settings, app: Any,
+                    past_permit: Callable[[], None] | None = None) -> Acquired:
+    """Raises FenceLostError when the attempt lost its fence on the way.
+
+    `past_permit` is called once the start permit is decided (the fair relay's window)."""
     claimed, policy = opened.claimed, opened.policy
     fence = claimed.fence
     provider: SandboxProvider = provider_for()
@@ -140,6 +144,8 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any) -> Acquired:
     lease_id = opened.lease_id
     assert lease_id is not None  # open_attempt reserved it: not held, not full
     decision = permits.acquire(provider.name, policy, settings)
+    if past_permit is not None:
+        past_permit()
     if not decision.granted:
         defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
               detail=f"start rate {decision.rate:g}/min")

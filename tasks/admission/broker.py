@@ -105,6 +105,15 @@ def oldest_waiting(app: Any, queue: str = QUEUE) -> str | None:
     return task_id if isinstance(task_id, str) and len(task_id) <= 64 else None
 
 
+def queue_length(app: Any, queue: str = QUEUE) -> int:
+    """Messages waiting on `queue` (0 when another broker does not say)."""
+    url = str(app.conf.broker_url or "")
+    if not _direct(app, url):
+        return 0
+    n = redis_client(url).llen(queue)
+    return n if isinstance(n, int) else 0
+
+
 def send_tasks(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> None:
     """Publish every message or raise (a broker error: the caller leaves them to the sweep).
 

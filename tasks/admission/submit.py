@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,17 @@ class Admitted:
     outbox_id: str | None
 
 
-def enqueue_start(session: Session, run_id: str, *, delay_s: float = 0.0) -> str:
-    """Add a start_attempt outbox row (published after commit, or by the sweep when due)."""
+def enqueue_start(session: Session, run_id: str, org_id: str, *, delay_s: float = 0.0,
+                  place: datetime | None = None) -> str:
+    """Add a start_attempt outbox row (published after commit, or by the sweep when due).
+
+    `place` is the run's place in its org's line for the fair relay: its admission time,
+    so a deferred start comes back where it was (now when not given)."""
     outbox_id = str(uuid.uuid4())
     session.add(Outbox(
         id=outbox_id, run_id=run_id, task_name=TASK_START_ATTEMPT, args=[run_id],
-        available_at=db_now(delay_s),
+        available_at=db_now(delay_s), org_id=org_id,
+        place=place if place is not None else db_now(),
     ))
     return outbox_id
 

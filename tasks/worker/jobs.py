@@ -8,6 +8,7 @@ inspect, cancel) go to the queue of the host that holds it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -16,6 +17,7 @@ from celery import Task
 from models import Attempt, Run, db_now
 from tasks.acquisition.claim import Skip, Skipped, seconds_until_due
 from tasks.acquisition.deferral import defer
+from tasks.acquisition.fairshare import relay as fair_relay
 from tasks.acquisition.start import Step, acquire_sandbox, open_attempt
 from tasks.admission.relay import publish_due, resend_stale
 from tasks.broker.app import app
@@ -33,6 +35,7 @@ from tasks.constants import (
     TASK_WATCHDOG_PING,
     AttemptState,
     EventKind,
+    StartOrder,
 )
 from tasks.errors import FenceLostError
 from tasks.execution.inspect import Verdict, inspect
@@ -46,7 +49,7 @@ from tasks.release.finish import finish
 from tasks.release.sandboxes import release_sandboxes
 from tasks.sandbox import ProviderError
 from tasks.sandbox.runtime import provider
-from tasks.settings import get_settings
+from tasks.settings import Settings, get_settings
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import CANCEL_REASON, settle_forced, settle_unattended
 from tasks.store import ledger
@@ -60,6 +63,21 @@ held.connect(app)
 @app.task(name=TASK_START_ATTEMPT, bind=True, max_retries=None)
 def start_attempt(self: Task, run_id: str) -> str:
     settings = get_settings()
+    if settings.start_order != StartOrder.FAIR:
+        return _start(self, run_id, settings, None)
+    task_id = str(self.request.id)
+
+    def past_permit() -> None:
+        fair_relay.taken(app, task_id, settings)
+
+    try:
+        return _start(self, run_id, settings, past_permit)
+    finally:
+        past_permit()  # every other way out (a second report changes nothing)
+
+
+def _start(self: Task, run_id: str, settings: Settings,
+           past_permit: Callable[[], None] | None) -> str:
     opened = open_attempt(run_id, settings)
     if isinstance(opened, Skipped):
         if opened.reason == Skip.LOCKED:
@@ -76,7 +94,7 @@ def start_attempt(self: Task, run_id: str) -> str:
     claimed = opened.claimed
     fence = claimed.fence
     try:
-        acquired = acquire_sandbox(opened, settings, app)
+        acquired = acquire_sandbox(opened, settings, app, past_permit)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:
@@ -197,6 +215,10 @@ def watchdog_ping() -> None:
 @app.task(name=TASK_SWEEP_OUTBOX)
 def sweep_outbox() -> int:
     settings = get_settings()
+    if settings.start_order == StartOrder.FAIR:
+        return (publish_due(app, without_org=True)
+                + resend_stale(app, after_s=settings.outbox_resend_after_s, requeue=True)
+                + fair_relay.pump(app, settings))
     return publish_due(app) + resend_stale(app, after_s=settings.outbox_resend_after_s)
 
 

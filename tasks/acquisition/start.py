@@ -22,6 +22,7 @@ from tasks.acquisition.deferral import defer
 from tasks.acquisition.first_start import first_start
 from tasks.acquisition.sandbox import create
 from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, SANDBOX_START_FAILED
+from tasks.observe import metrics
 from tasks.errors import CapacityExceededError
 from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
 from tasks.sandbox.runtime import provider as provider_for
@@ -146,7 +147,9 @@ def acquire_sandbox(opened: Opened, settings: Settings, app: Any,
     decision = permits.acquire(provider.name, policy, settings)
     if past_permit is not None:
         past_permit()
-    if not decision.granted:
+    if decision.granted:
+        metrics.start(claimed.org_id)
+    else:
         defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
               detail=f"start rate {decision.rate:g}/min")
         return _DEFERRED

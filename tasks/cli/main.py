@@ -29,6 +29,7 @@ from tasks.parse.checks import (
     check_rate,
     check_seconds,
     check_text,
+    check_weight,
     parse_count,
     parse_number,
 )
@@ -255,19 +256,29 @@ def capacity_show() -> None:
     from tasks.settings import get_settings
 
     settings = get_settings()
-    table = Table("org", "limit", "reserved", "live")
-    for org, limit, reserved, live in capacity.show(settings.org_capacity):
-        table.add_row(org, str(limit), str(reserved), str(live))
-    console.print(f"default limit {settings.org_capacity} per org, mode {settings.capacity_mode}")
+    weights = capacity.weights()
+    table = Table("org", "limit", "reserved", "live", "weight")
+    rows = capacity.show(settings.org_capacity)
+    shown = {org for org, *_ in rows}
+    rows += [(org, settings.org_capacity, 0, 0) for org in sorted(set(weights) - shown)]
+    for org, limit, reserved, live in rows:
+        table.add_row(org, str(limit), str(reserved), str(live), str(weights.get(org, 1)))
+    console.print(f"default limit {settings.org_capacity} per org, mode {settings.capacity_mode}, "
+                  f"start order {settings.start_order}")
     console.print(table)
 
 
 @capacity_app.command("set", context_settings=NUMERIC_ARGS)
-def capacity_set(org: str, limit: Annotated[str, typer.Argument(metavar="N")]) -> None:
-    """Set ORG's concurrent-sandbox limit N (0 stops its starts)."""
+def capacity_set(org: str, limit: Annotated[str, typer.Argument(metavar="N")],
+                 weight: Annotated[str | None, typer.Option(
+                     "--weight", metavar="W",
+                     help="ORG's share of the start rate against other orgs with runs "
+                          "waiting (1-1000, default 1)")] = None) -> None:
+    """Set ORG's concurrent-sandbox limit N (0 stops its starts), and its weight W."""
     from tasks.acquisition import capacity
 
-    capacity.set_limit(check_org_id(org), parse_count(limit, "the capacity limit"))
+    capacity.set_limit(check_org_id(org), parse_count(limit, "the capacity limit"),
+                       None if weight is None else check_weight(weight))
     capacity_show()
 
 

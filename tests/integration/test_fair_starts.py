@@ -4,9 +4,6 @@ its sandbox, so only the order of starts matters here)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -17,7 +14,7 @@ import sqlalchemy as sa
 
 import tasks
 from models import Run, RunEvent
-from tasks.acquisition import capacity, policy
+from tasks.acquisition import policy
 from tasks.constants import QUEUE, EventKind
 from tasks.sandbox import FakeScript
 from tasks.settings import reset_settings

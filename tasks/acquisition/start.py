@@ -22,8 +22,8 @@ from tasks.acquisition.deferral import defer
 from tasks.acquisition.first_start import first_start
 from tasks.acquisition.sandbox import create
 from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, SANDBOX_START_FAILED
-from tasks.observe import metrics
 from tasks.errors import CapacityExceededError
+from tasks.observe import metrics
 from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
 from tasks.sandbox.runtime import provider as provider_for
 from tasks.sandbox.runtime import worker_id

@@ -21,6 +21,7 @@ from tasks.admission.submit import admit
 from tasks.broker.app import app
 from tasks.constants import TASK_START_ATTEMPT
 from tasks.errors import PlayrunError
+from tasks.settings import reset_settings
 from tasks.store.db import session_scope
 from tests.conftest import ROOT, Worker
 
@@ -172,6 +173,8 @@ def test_the_direct_envelope_is_what_kombu_writes(redis_url: str) -> None:
 
 
 def test_submit_runs_on_sqlite(sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAYRUN_START_ORDER", "fifo")  # published at once, in one pipeline
+    reset_settings()
     sent: list[broker.Message] = []
     monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: sent.extend(messages))
     o = org()

@@ -23,8 +23,9 @@ from tasks.constants import KEY_FAIR
 from tasks.errors import StartRateReplyError
 
 # How long a published start counts as in flight without news of it (a worker that died
-# holding it, a publish lost): then the window forgets it and the resend finds its run.
-INFLIGHT_MS = 30_000
+# holding it, a publish lost, a worker slow to take it): the relay also counts the queue's
+# length, so forgetting it early cannot let the queue grow past the window.
+INFLIGHT_MS = 5_000
 KEY_TTL_MS = 86_400_000  # a day without starts: the order starts afresh
 
 

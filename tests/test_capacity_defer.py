@@ -11,7 +11,7 @@ import redis
 import tasks
 from tasks.acquisition import capacity
 from tasks.acquisition.startrate import StartRateLimiter, rules_for
-from tasks.settings import Settings
+from tasks.settings import Settings, reset_settings
 from tests.conftest import PLAYS, ROOT, TEST_REDIS_URL, Worker, worker_env
 from tests.helpers import eventually
 
@@ -33,20 +33,27 @@ def test_a_full_org_defers_and_then_runs(pg_url: str) -> None:
         assert second.wait(timeout=60).status == "succeeded"
     finally:
         w.stop()
+        monkeypatch.undo()
+        reset_settings()
     causes = [e.data["cause"] for e in tasks.run_events(second.id) if e.kind == "run.deferred"]
     assert causes and set(causes) == {"capacity"}
 
 
-def test_runs_waiting_for_capacity_take_no_start_permit(pg_url: str) -> None:
+def test_runs_waiting_for_capacity_take_no_start_permit(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Capacity is reserved before the start permit: a run deferred for its org's capacity
-    leaves the provider's bucket as it was (no permit spent, no success counted)."""
+    leaves the provider's bucket as it was (no permit spent, no success counted). In FIFO
+    order: the fair relay does not publish a full org's runs at all
+    (tests/integration/test_fair_starts.py)."""
+    monkeypatch.setenv("PLAYRUN_START_ORDER", "fifo")
+    reset_settings()
     org = f"org-{uuid.uuid4().hex[:8]}"
     capacity.set_limit(org, 1)
     env = {"PLAYRUN_CAPACITY_FULL": "defer", "PLAYRUN_DEFERRAL_BASE_MS": "200",
            "PLAYRUN_DEFERRAL_MAX_MS": "300", "PLAYRUN_SWEEP_INTERVAL_S": "0.5",
            "PLAYRUN_DEFERRAL_MAX_COUNT": "200",  # waits out the long run, however slow
            "PLAYRUN_START_RATE_INITIAL_PER_MIN": "60", "PLAYRUN_START_RATE_MAX_PER_MIN": "600",
-           "PLAYRUN_START_RATE_INCREASE_PER_MIN": "60"}
+           "PLAYRUN_START_RATE_INCREASE_PER_MIN": "60", "PLAYRUN_START_ORDER": "fifo"}
     settings = Settings(**{k.removeprefix("PLAYRUN_").lower(): v for k, v in env.items()})
     bucket = StartRateLimiter(redis.Redis.from_url(TEST_REDIS_URL))
     rules = rules_for(settings, "local", None)

@@ -75,9 +75,9 @@ def store() -> FairStore:
 
 
 def window(settings: Settings, policy: traffic.Policy) -> int:
-    """Starts the rate admits in the next fair_ahead_s (none while starts are held)."""
-    if policy.mode == traffic.HOLD:
-        return 0
+    """Starts the rate admits in the next fair_ahead_s. While starts are held they are
+    still published at that pace: each is deferred (`hold`) and spends its deferral
+    budget as in FIFO order, then comes back in its org's turn."""
     provider = settings.sandbox_provider
     override = policy.starts_per_minute if policy.mode == traffic.THROTTLE else None
     states = permits.limiter().inspect(provider, rules_for(settings, provider, override))

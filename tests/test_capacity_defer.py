@@ -33,8 +33,6 @@ def test_a_full_org_defers_and_then_runs(pg_url: str) -> None:
         assert second.wait(timeout=60).status == "succeeded"
     finally:
         w.stop()
-        monkeypatch.undo()
-        reset_settings()
     causes = [e.data["cause"] for e in tasks.run_events(second.id) if e.kind == "run.deferred"]
     assert causes and set(causes) == {"capacity"}
 
@@ -71,6 +69,8 @@ def test_runs_waiting_for_capacity_take_no_start_permit(
         assert second.wait(timeout=60).status == "succeeded"
     finally:
         w.stop()
+        monkeypatch.undo()
+        reset_settings()
     # tat_us is the bucket's next free slot: any permit granted would have moved it.
     assert (during.rate, during.adaptive_rate, during.epoch, during.tat_us) == \
         (before.rate, before.adaptive_rate, before.epoch, before.tat_us)

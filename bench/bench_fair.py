@@ -197,8 +197,8 @@ def main() -> None:
         mem = {o: memory(base, o, args.memory_backlog) for o in ORDERS}
         print(f"(3) {args.memory_backlog} runs admitted, no worker")
         for o in ORDERS:
-            print(f"    {o}: Redis +{mem[o][0] / 2**20:.1f} MiB, start queue {mem[o][1]}")
-        print(f"    fair / fifo memory: {mem['fair'][0] / max(mem['fifo'][0], 1):.4f}")
+            print(f"    {o}: Redis {mem[o][0] / 2**20:+.1f} MiB, start queue {mem[o][1]}")
+        print(f"    fair / fifo memory: {max(mem['fair'][0], 0) / max(mem['fifo'][0], 1):.4f}")
 
 
 if __name__ == "__main__":

@@ -277,8 +277,8 @@ def capacity_set(org: str, limit: Annotated[str, typer.Argument(metavar="N")],
     """Set ORG's concurrent-sandbox limit N (0 stops its starts), and its weight W."""
     from tasks.acquisition import capacity
 
-    capacity.set_limit(check_org_id(org), parse_count(limit, "the capacity limit"),
-                       None if weight is None else check_weight(weight))
+    extra = {} if weight is None else {"weight": check_weight(weight)}
+    capacity.set_limit(check_org_id(org), parse_count(limit, "the capacity limit"), **extra)
     capacity_show()
 
 

@@ -50,6 +50,7 @@ from bench.common import (  # noqa: E402
     database_name,
     gateway_env,
     pct,
+    start_child,
     start_gateway,
     start_worker,
     stop_on_sigterm,
@@ -239,7 +240,7 @@ def main() -> None:
         procs: dict[str, Child] = {}
         try:
             procs["gateway"] = start_gateway(env, log_dir)
-            procs["runner host"] = Child("runner-host", [sys.executable, "-m",
+            procs["runner host"] = start_child("runner-host", [sys.executable, "-m",
                                          "tasks.sandbox.fake_runners", str(root)], env, log_dir)
             procs["runner host"].wait_for("ready")
             procs["worker"] = start_worker(env, log_dir, "detached", concurrency=2, beat=True)

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import Child, bench_env, free_port, pct, stop_on_sigterm  # noqa: E402
+from bench.common import Child, bench_env, free_port, pct, start_child, stop_on_sigterm  # noqa: E402
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 MOUNTS = ("bare", "default", "renew")
@@ -234,7 +234,7 @@ def main() -> None:
         attempts = {m: launched_attempts(args.attempts) for m in MOUNTS}
         expire_leases(attempts["renew"])
         port = free_port()
-        server = Child("server", [sys.executable, __file__, "--serve", str(port)],
+        server = start_child("server", [sys.executable, __file__, "--serve", str(port)],
                        {**os.environ, **env}, log_dir)
         try:
             wait_ready(port, server)

@@ -48,7 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", type=int, default=40)
     args = parser.parse_args()
-    from tasks.acquisition.sandbox import runner_source
+    from tasks.acquisition.sandbox import runner_files
     from tasks.sandbox import LocalProvider
     from tasks.sandbox.local import probe_strict
     from tasks.settings import get_settings
@@ -61,7 +61,7 @@ def main() -> None:
         "strict": LocalProvider(base / "strict", isolation="strict"),
         "process": LocalProvider(base / "process", isolation="process"),
     }
-    files = {"play.py": PLAY.read_bytes(), "input.json": b"{}", "runner.py": runner_source()}
+    files = {"play.py": PLAY.read_bytes(), "input.json": b"{}", **runner_files()}
     samples: dict[str, list[dict[str, float]]] = {mode: [] for mode in providers}
     for provider in providers.values():  # warm-up (probe, imports, page cache)
         one(provider, files)

@@ -37,11 +37,11 @@ PLAY = ROOT / "examples" / "plays" / "noop.py"
 
 
 def bare_sandbox(n: int, root: Path) -> list[float]:
-    from tasks.acquisition.sandbox import runner_source
+    from tasks.acquisition.sandbox import runner_files
     from tasks.sandbox import SandboxSpec, get_provider
 
     provider = get_provider("local", root)
-    files = {"play.py": PLAY.read_bytes(), "input.json": b"{}", "runner.py": runner_source()}
+    files = {"play.py": PLAY.read_bytes(), "input.json": b"{}", **runner_files()}
     times: list[float] = []
     for _ in range(n):
         t0 = time.perf_counter()

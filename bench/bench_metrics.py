@@ -132,6 +132,8 @@ def end_to_end(runs: int, env: dict[str, str], log_dir: Path, off_redis: str
     import tasks
     from tasks.admission.relay import publish_admitted
     from tasks.admission.submit import admit
+    from tasks.broker.app import app as celery_app
+    from tasks.broker.publish import CeleryPublisher, use
     from tasks.constants import TASK_START_ATTEMPT
 
     stacks: dict[bool, dict[str, str]] = {}
@@ -152,7 +154,8 @@ def end_to_end(runs: int, env: dict[str, str], log_dir: Path, off_redis: str
                 urls = [_url(own, "gateway", gateway.pid), _url(own, "worker", worker.pid)]
                 threading.Thread(target=_scrape_forever, args=(urls, stop), daemon=True).start()
 
-        apps = {True: tasks.broker.app, False: _app_on(off_redis)}
+        publishers = {True: CeleryPublisher(celery_app),
+                      False: CeleryPublisher(_app_on(off_redis))}
 
         def one(on: bool, i: int) -> float:
             """submit_run's two steps, published to the chosen stack's broker."""
@@ -160,8 +163,8 @@ def end_to_end(runs: int, env: dict[str, str], log_dir: Path, off_redis: str
             t0 = time.perf_counter()
             admitted = admit(PLAY, {"i": i}, "bench", None)
             assert admitted.outbox_id is not None
-            publish_admitted(apps[on], admitted.outbox_id, TASK_START_ATTEMPT,
-                             [admitted.run_id])
+            use(publishers[on])
+            publish_admitted([(admitted.outbox_id, TASK_START_ATTEMPT, [admitted.run_id])])
             result = tasks.RunHandle(admitted.run_id).wait(timeout=60)
             assert result.status == "succeeded", result
             return time.perf_counter() - t0

@@ -45,6 +45,7 @@ from bench.common import (  # noqa: E402
     Child,
     bench_env,
     gateway_env,
+    start_beat,
     start_gateway,
     start_worker,
     stop_on_sigterm,
@@ -60,15 +61,14 @@ class Workers:
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.env, self.log_dir = env, log_dir
         self.workers = [start_worker(env, log_dir, f"w{i}", concurrency=2) for i in range(2)]
-        self.ready_from = [0, 0]  # log offset after which "ready." means the new process
         self.restarts = [0, 0]
 
     def ready(self, i: int) -> bool:
         w = self.workers[i]
-        return b"ready." in w.log_path.read_bytes()[self.ready_from[i]:]
+        return b"ready." in w.since_start()  # this life's log: the new process
 
     def wait_ready(self, i: int, timeout: float = 120.0) -> None:
-        self.workers[i].wait_for("ready.", timeout=timeout, after=self.ready_from[i])
+        self.workers[i].wait_ready(timeout)
 
     def busy_child(self, i: int) -> int | None:
         """A pool child of worker i that is running a task (else any pool child)."""
@@ -92,11 +92,7 @@ class Workers:
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
             return  # the worker's main process forks a replacement itself
-        w.kill(signal.SIGKILL)  # the whole group: main process and pool children
-        assert w.proc is not None
-        w.proc.wait(timeout=30)
-        w.log.close()
-        self.ready_from[i] = w.log_path.stat().st_size
+        w.stop(signal.SIGKILL)  # the whole group: main process and pool children
         w.start()  # the supervisor restarts it at once
         self.restarts[i] += 1
 
@@ -261,10 +257,7 @@ def main() -> None:
         workers: Workers | None = None
         try:
             children.append(start_gateway(env, log_dir))
-            beat = Child("beat", [sys.executable, "-m", "celery", "-A", "tasks", "beat",
-                                  "--loglevel=INFO"], env, log_dir)
-            children.append(beat)
-            beat.wait_for("beat: Starting", timeout=90)
+            children.append(start_beat(env, log_dir))
             workers = Workers(env, log_dir)
             import tasks
 

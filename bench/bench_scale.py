@@ -47,7 +47,6 @@ def rows(env: dict[str, str], long_run: str) -> list[tuple[str, str, float]]:
     from tasks.acquisition.claim import Claimed, claim
     from tasks.acquisition.startrate import RateRule, StartRateLimiter
     from tasks.admission.relay import publish_due, resend_stale
-    from tasks.broker.app import app
     from tasks.constants import LABEL_GENERATION, LABEL_RUN, QUEUE
     from tasks.maintenance.gc import verdict
     from tasks.maintenance.reaper import expire_reservations, reap
@@ -89,12 +88,12 @@ def rows(env: dict[str, str], long_run: str) -> list[tuple[str, str, float]]:
         return lambda: timed(lambda: tasks.run_events(long_run, after=after, limit=1000))
 
     def sweep() -> float:
-        ms = timed(lambda: publish_due(app, limit=200))
+        ms = timed(lambda: publish_due(limit=200))
         broker.delete(QUEUE)
         return ms
 
     def resend() -> float:
-        ms = timed(lambda: resend_stale(app, after_s=0, limit=200))
+        ms = timed(lambda: resend_stale(after_s=0, limit=200))
         broker.delete(QUEUE)
         return ms
 
@@ -105,7 +104,7 @@ def rows(env: dict[str, str], long_run: str) -> list[tuple[str, str, float]]:
         return timed(lambda: [verdict(ref) for ref in refs])
 
     def reaper_pass() -> float:
-        ms = timed(lambda: reap(settings, app))
+        ms = timed(lambda: reap(settings))
         broker.delete(QUEUE)
         return ms
 

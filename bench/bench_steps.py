@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import bench_env, pct, summary  # noqa: E402
+from tasks.host.processes import free_port  # noqa: E402
 
 PLAY = ROOT / "examples" / "plays" / "noop.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_gateway(env: dict[str, str]) -> subprocess.Popen[bytes]:

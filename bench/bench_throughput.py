@@ -40,6 +40,7 @@ from bench.common import (  # noqa: E402
     gateway_env,
     rss,
     start_beat,
+    start_child,
     start_gateway,
     start_worker,
     stop_on_sigterm,
@@ -58,7 +59,7 @@ def plain(n: int, env: dict[str, str], log_dir: Path) -> tuple[float, float]:
             args = [sys.executable, "-m", "celery", "-A", "bench.plain_app", "worker",
                     "-n", f"plain{i}@bench", "--concurrency=2", "--loglevel=INFO",
                     "--without-mingle", "--without-gossip", "-Q", "bench.plain"]
-            workers.append(Child(f"plain{i}", args, env, log_dir))
+            workers.append(start_child(f"plain{i}", args, env, log_dir))
         for w in workers:
             w.wait_for("ready.", timeout=90)
         from bench.plain_app import count
@@ -176,7 +177,7 @@ def main() -> None:
         plain_rate, plain_cpu = plain(args.n, env, log_dir)
         procs = [start_gateway(env, log_dir)]
         try:
-            host = Child("runner-host", [sys.executable, "-m", "tasks.sandbox.fake_runners",
+            host = start_child("runner-host", [sys.executable, "-m", "tasks.sandbox.fake_runners",
                                          str(root)], env, log_dir)
             procs.append(host)
             host.wait_for("ready")

@@ -39,7 +39,7 @@ from bench.common import stop_on_sigterm  # noqa: E402
 
 HELD = ("unexpected", "lost", "doubled", "stuck", "slots", "resources", "sandboxes", "sheet_wrong",
         "sheet_doubled")
-RECOVERY_BOUND_S = 60.0  # the README's promise: back to work on their own within this
+RECOVERY_BOUND_S = 60.0  # docs/operations.md's promise: back to work on their own within this
 
 
 def holds(r: dict[str, Any]) -> bool:

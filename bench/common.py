@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import pwd
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import redis
 
-from tasks.host.processes import pid_alive  # import tasks reads no setting
+# import tasks reads no setting: these are safe before bench_env sets the environment
+from tasks.host.processes import free_port, pid_alive
+from tasks.testing import Beat, Child, Gateway, Worker
+
+C = TypeVar("C", bound=Child)
 
 PG_BASE = os.environ.get("BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
@@ -57,8 +56,9 @@ def claim_redis_db(redis_base: str, preferred: int) -> int:
 
 
 @contextmanager
-def bench_env(redis_db: int, *, pg_base: str | None = None,
-              redis_base: str | None = None) -> Iterator[dict[str, str]]:
+def bench_env(
+    redis_db: int, *, pg_base: str | None = None, redis_base: str | None = None
+) -> Iterator[dict[str, str]]:
     """Create and migrate a database, point PLAYRUN_* at it and a free Redis db (redis_db
     if no other bench holds it); clean up after.
     pg_base / redis_base: another server than BENCH_PG / BENCH_REDIS (a private one)."""
@@ -100,19 +100,15 @@ def pct(values: list[float], p: float) -> float:
 
 
 def summary(values: list[float]) -> str:
-    return (f"p50 {pct(values, 50) * 1000:8.1f} ms  p99 {pct(values, 99) * 1000:8.1f} ms  "
-            f"mean {statistics.mean(values) * 1000:8.1f} ms")
+    return (
+        f"p50 {pct(values, 50) * 1000:8.1f} ms  p99 {pct(values, 99) * 1000:8.1f} ms  "
+        f"mean {statistics.mean(values) * 1000:8.1f} ms"
+    )
 
 
-# --- child processes (gateway, workers, runner hosts) -------------------------------------
+# --- child processes (gateway, workers, runner hosts): tasks.testing's --------------------
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def gateway_env(directory: Path) -> dict[str, str]:
@@ -124,124 +120,59 @@ def gateway_env(directory: Path) -> dict[str, str]:
     }
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed bench takes it along
-
-
 def stop_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so every `finally` stops its children."""
+
     def handler(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)
 
 
-class Child:
-    """A subprocess in its own session; stop() ends its whole process group."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
-        self.name = name
-        self.args, self.env = args, env
-        self.log_path = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.args, env=self.env, cwd=str(ROOT), stdout=self.log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_for(self, text: str, timeout: float = 60.0, *, after: int = 0) -> None:
-        """Wait until the log (from byte `after`) contains `text`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.output()[-3000:]}")
-            if text.encode() in self.log_path.read_bytes()[after:]:
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} not ready after {timeout:g}s: {self.output()[-3000:]}")
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the whole group (the process and every child it forked)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.kill(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=15)
-        if group_alive(self.pid):
-            self.kill(signal.SIGKILL)  # stragglers of the group, even if the leader is gone
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        self.log.close()
+def start_child(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Child:
+    """A started subprocess logging to log_dir/NAME.log (run from the checkout's root)."""
+    return Child(name, args, env, log_dir / f"{name}.log", cwd=ROOT).start()
 
 
-def group_alive(pgid: int) -> bool:
-    """Some process is still in process group `pgid` (from /proc)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(b")") + 2:].split()[2]) == pgid:
-            return True
-    return False
-
-
-def start_gateway(env: dict[str, str], log_dir: Path, name: str = "gateway") -> Child:
-    gw = Child(name, [sys.executable, "-m", "tasks.cli.main", "gateway"], env, log_dir)
+def _ready(process: C, timeout: float) -> C:
     try:
-        gw.wait_for("gateway ready", timeout=60)
+        process.start().wait_ready(timeout)
     except BaseException:
-        gw.stop()
+        process.stop()
         raise
-    return gw
+    return process
 
 
-def start_worker(env: dict[str, str], log_dir: Path, name: str, *, concurrency: int = 2,
-                 beat: bool = False, loglevel: str = "INFO",
-                 extra: tuple[str, ...] = ()) -> Child:
-    args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-n", f"{name}@bench",
-            f"--concurrency={concurrency}", f"--loglevel={loglevel}", "--without-mingle",
-            "--without-gossip", *extra]
-    if beat:
-        args.append("--beat")
-    worker = Child(name, args, env, log_dir)
-    try:
-        worker.wait_for("ready.", timeout=90)
-    except BaseException:
-        worker.stop()
-        raise
-    return worker
+def start_gateway(env: dict[str, str], log_dir: Path, name: str = "gateway") -> Gateway:
+    return _ready(Gateway(env, log_dir / f"{name}.log", name=name), 60)
 
 
-def start_beat(env: dict[str, str], log_dir: Path, name: str = "beat") -> Child:
+def start_worker(
+    env: dict[str, str],
+    log_dir: Path,
+    name: str,
+    *,
+    concurrency: int = 2,
+    beat: bool = False,
+    loglevel: str = "INFO",
+    extra: tuple[str, ...] = (),
+) -> Worker:
+    worker = Worker(
+        env,
+        log_dir / f"{name}.log",
+        name=f"{name}@bench",
+        concurrency=concurrency,
+        beat=beat,
+        loglevel=loglevel,
+        extra=extra,
+    )
+    worker.name = name  # what reports call it; its Celery node name stays NAME@bench
+    return _ready(worker, 90)
+
+
+def start_beat(env: dict[str, str], log_dir: Path, name: str = "beat") -> Beat:
     """A standalone `celery -A tasks beat` (a worker's tree then holds only its pool)."""
-    beat = Child(name, [sys.executable, "-m", "celery", "-A", "tasks", "beat",
-                        "--loglevel=INFO"], env, log_dir)
-    try:
-        beat.wait_for("beat: Starting", timeout=90)
-    except BaseException:
-        beat.stop()
-        raise
-    return beat
+    return _ready(Beat(env, log_dir / f"{name}.log", name=name), 90)
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -255,7 +186,7 @@ def tree_pids(pid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry))
     out, todo = [], [pid]
     while todo:
@@ -291,7 +222,7 @@ def tree_cpu(pid: int) -> float:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
 
@@ -311,7 +242,7 @@ def cpu_matching(text: str) -> float:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
 
@@ -321,8 +252,9 @@ def xact_commits(datname: str) -> int:
     reading itself is not counted)."""
     admin = PG_BASE.replace("+psycopg", "") + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
-        row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s",
-                           (datname,)).fetchone()
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (datname,)
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -345,26 +277,62 @@ def private_servers(log_dir: Path, pg_options: tuple[str, ...] = ()) -> Iterator
         user = pwd.getpwnam("postgres")
         os.chown(data, user.pw_uid, user.pw_gid)
         os.chmod(log_dir, 0o755)
-        as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
-                   "--init-groups"]
+        as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups"]
     with open(log_dir / "initdb.log", "wb") as log:
-        subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust",
-                        "-E", "utf8"], stdout=log, stderr=subprocess.STDOUT, cwd=data,
-                       check=True, timeout=120)
+        subprocess.run(
+            [*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "utf8"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=data,
+            check=True,
+            timeout=120,
+        )
     pg_port, redis_port = free_port(), free_port()
     servers = [
-        Child("postgres", [*as_user, postgres, "-D", str(data), "-p", str(pg_port),
-                           "-c", "listen_addresses=127.0.0.1",
-                           "-c", f"unix_socket_directories={data}",
-                           *pg_options], dict(os.environ), log_dir),
-        Child("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1",
-                        "--save", "", "--appendonly", "no", "--dir", str(log_dir)],
-              dict(os.environ), log_dir)]
+        start_child(
+            "postgres",
+            [
+                *as_user,
+                postgres,
+                "-D",
+                str(data),
+                "-p",
+                str(pg_port),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                f"unix_socket_directories={data}",
+                *pg_options,
+            ],
+            dict(os.environ),
+            log_dir,
+        ),
+        start_child(
+            "redis",
+            [
+                redis_server,
+                "--port",
+                str(redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(log_dir),
+            ],
+            dict(os.environ),
+            log_dir,
+        ),
+    ]
     try:
         servers[0].wait_for("ready to accept connections", timeout=60)
         servers[1].wait_for("Ready to accept connections", timeout=60)
-        yield (f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}",
-               f"redis://127.0.0.1:{redis_port}")
+        yield (
+            f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}",
+            f"redis://127.0.0.1:{redis_port}",
+        )
     finally:
         for server in servers:
             server.stop()

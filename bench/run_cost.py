@@ -46,6 +46,7 @@ from bench.common import (  # noqa: E402
     database_name,
     gateway_env,
     private_servers,
+    start_child,
     start_gateway,
     start_worker,
     stop_on_sigterm,
@@ -310,7 +311,7 @@ def main() -> None:
                             log_dir / "postgres.log")
         procs = [start_gateway(env, log_dir)]
         try:
-            host = Child("runner-host", [sys.executable, "-m", "tasks.sandbox.fake_runners",
+            host = start_child("runner-host", [sys.executable, "-m", "tasks.sandbox.fake_runners",
                                          str(root)], env, log_dir)
             procs.append(host)
             host.wait_for("ready")

@@ -1,6 +1,7 @@
 """SQLAlchemy models of playrun; the schema is owned by the Alembic migrations beside them."""
 
 from models.base import Base, JSONType, UTCDateTime, db_now, new_id
+from models.placement import OrgPlacement, PlacementPolicy
 from models.receipts import WorkReceipt
 from models.resources import CapacityLease, CapacityOrg, RuntimeResource, TrafficPolicy
 from models.runs import Attempt, EventDelivery, Outbox, PlayBundle, Run, RunEvent
@@ -13,7 +14,9 @@ __all__ = [
     "CapacityOrg",
     "EventDelivery",
     "JSONType",
+    "OrgPlacement",
     "Outbox",
+    "PlacementPolicy",
     "PlayBundle",
     "Run",
     "RunEvent",

@@ -1,4 +1,4 @@
-"""Work receipts: one durable, idempotent record per step of a play (SPEC 4.7)."""
+"""Work receipts: one durable, idempotent record per step of a play (docs/design.md)."""
 
 from __future__ import annotations
 

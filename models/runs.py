@@ -46,11 +46,13 @@ class Run(Base):
     output: Mapped[Any] = mapped_column(JSONType, nullable=True)
     current_generation: Mapped[int] = mapped_column(sa.Integer, default=0)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Bounded deferral of pre-code failures (SPEC 4.6).
+    # Bounded deferral of pre-code failures (docs/contract.md).
     deferral_count: Mapped[int] = mapped_column(sa.Integer, default=0)
     deferral_total_ms: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     deferred_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_deferral_cause: Mapped[str | None] = mapped_column(sa.String(64))
+    # The placement policy the run was admitted with (none: the worker's own provider).
+    placement: Mapped[str | None] = mapped_column(sa.String(40))
     # Passes of maintenance that failed unexpectedly for this run; bounded (see trouble.py).
     trouble_count: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
@@ -78,6 +80,8 @@ class Attempt(Base):
     worker_id: Mapped[str | None] = mapped_column(sa.String(256))
     state: Mapped[str] = mapped_column(sa.String(16))
     provider: Mapped[str | None] = mapped_column(sa.String(64))
+    # The provider placement chose for this attempt (kept across its deferrals).
+    placed_provider: Mapped[str | None] = mapped_column(sa.String(64))
     sandbox_id: Mapped[str | None] = mapped_column(sa.String(256))
     # The detached runner's suspension: when it was launched and when it must be done.
     runner_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         submit_runs,
     )
     from tasks.constants import AttemptState, EventKind, ReceiptState, RunStatus, SheetRowStatus
-    from tasks.errors import PlayrunError
+    from tasks.errors import IdempotencyConflictError, PlayrunError
     from tasks.sheets.view import SheetRowView, sheet_rows
     from tasks.store.ledger import Event
     from tasks.workreceipts.view import ReceiptView, clear_receipts, receipts
@@ -51,6 +51,7 @@ _LAZY = {
         "tasks.constants"),
     "RunRequest": "tasks.admission.submit",
     "PlayrunError": "tasks.errors",
+    "IdempotencyConflictError": "tasks.errors",
     "Event": "tasks.store.ledger",
     "SheetRowView": "tasks.sheets.view",
     "sheet_rows": "tasks.sheets.view",
@@ -78,6 +79,7 @@ __all__ = [
     "AttemptView",
     "Event",
     "EventKind",
+    "IdempotencyConflictError",
     "PlayrunError",
     "ReceiptState",
     "ReceiptView",

@@ -20,8 +20,9 @@ from models import Attempt, Run, db_now
 from tasks.acquisition.fairshare import relay as fair_relay
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
+from tasks.admission.rows import start_args
 from tasks.admission.submit import Admitted, RunRequest, admit, admit_many
-from tasks.broker.app import app, send
+from tasks.broker.publish import send
 from tasks.constants import (
     DEFAULT_EVENTS_PAGE,
     KEY_RUN_DONE,
@@ -52,6 +53,9 @@ from tasks.store.runquery import run_cursor as run_cursor
 
 @dataclass(frozen=True)
 class RunResult:
+    """A run's terminal outcome, as `RunHandle.wait` returns it: `output` on success,
+    `code` and `error` on failure."""
+
     status: RunStatus
     output: Any
     error: str | None
@@ -60,6 +64,9 @@ class RunResult:
 
 @dataclass(frozen=True)
 class AttemptView:
+    """One attempt of a run: its generation and state, its sandbox, when it started and
+    ended, and (while running) its last heartbeat and heartbeat deadline."""
+
     generation: int
     state: AttemptState
     sandbox_id: str | None
@@ -72,6 +79,9 @@ class AttemptView:
 
 @dataclass(frozen=True)
 class RunView:
+    """A run as `get_run` reads it: status, outcome, timestamps and its attempts (empty in
+    `list_runs`, which reads runs without them)."""
+
     id: str
     org_id: str
     status: RunStatus  # a StrEnum: equal to its plain string too
@@ -106,6 +116,7 @@ class RunHandle:
         return f"RunHandle({self.id!r})"
 
     def view(self) -> RunView:
+        """The run as it is now (`get_run`)."""
         return get_run(self.id)
 
     def wait(self, timeout: float | None = 60.0) -> RunResult:
@@ -157,23 +168,28 @@ def _published(admitted: list[Admitted]) -> list[RunHandle]:
     if _fair():
         # The rows wait in the outbox; the fair relay publishes them in their org's turn.
         if any(a.outbox_id is not None for a in admitted):
-            fair_relay.pump(app)
+            fair_relay.pump()
         return [RunHandle(a.run_id, a.created) for a in admitted]
     # Committed already, the rows marked as handed to us: if this publish fails they are
     # un-marked for the beat sweep (and a crash here leaves them to its resend).
-    messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT, [a.run_id])
+    messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT,
+                                start_args(a.run_id, a.provider))
                                for a in admitted if a.outbox_id is not None]
-    published = publish_admitted(app, messages) if messages else True
+    published = publish_admitted(messages) if messages else True
     return [RunHandle(a.run_id, a.created, published or a.outbox_id is None)
             for a in admitted]
 
 
 def submit_run(play: str | Path, input: Any = None, *, org_id: str,
-               idempotency_key: str | None = None) -> RunHandle:
-    """Admit a run; with a key already used by this org, return that run and write nothing."""
+               idempotency_key: str | None = None, placement: str | None = None) -> RunHandle:
+    """Admit a run; with a key already used by this org, return that run and write nothing.
+
+    `placement` names a placement policy (`playrun placement set`); without it the org's
+    default applies, then PLAYRUN_PLACEMENT_DEFAULT. An unknown name: PLACEMENT_UNKNOWN.
+    """
     ensure_schema_once()
-    return _published([admit(play, input, org_id, idempotency_key,
-                             handed_off=not _fair())])[0]
+    return _published([admit(play, input, org_id, idempotency_key, handed_off=not _fair(),
+                             placement=placement)])[0]
 
 
 def submit_runs(runs: Sequence[RunRequest | Mapping[str, Any]]) -> list[RunHandle]:
@@ -223,6 +239,7 @@ def _outcome(run_id: str) -> tuple[str, RunResult | None]:
 
 
 def get_run(run_id: str) -> RunView:
+    """The run with this id, with its attempts (`resolve_run_id` turns a prefix into an id)."""
     run_id = check_run_id(run_id)
     ensure_schema_once()
     with session_scope(readonly=True) as session:
@@ -301,8 +318,8 @@ def run_again(run_id: str, *, idempotency_key: str | None = None) -> RunHandle:
     ensure_schema_once()
     admitted = admit_again(run_id, idempotency_key)
     if admitted.outbox_id is not None and _fair():
-        fair_relay.pump(app)
+        fair_relay.pump()
     elif admitted.outbox_id is not None:
         # Its outbox row is not marked sent yet: the relay claims it, then publishes.
-        publish_due(app, ids=[admitted.outbox_id])
+        publish_due(ids=[admitted.outbox_id])
     return RunHandle(admitted.run_id, admitted.created)

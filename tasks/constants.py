@@ -5,12 +5,15 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+# Codes, file names and limits shared with the runner in a sandbox: tasks/protocol.py.
+from tasks import protocol
+
 # States and kinds the database stores: each value is exactly the string in its column,
 # so a StrEnum member compares equal to what SQL, Lua and older rows hold.
 
 
 class RunStatus(enum.StrEnum):
-    """runs.status (SPEC section 5)."""
+    """runs.status (docs/contract.md)."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -33,7 +36,7 @@ class AttemptState(enum.StrEnum):
 
 
 class LeaseState(enum.StrEnum):
-    """capacity_leases.state: reserved -> live -> released (SPEC 4.4)."""
+    """capacity_leases.state: reserved -> live -> released (docs/design.md)."""
 
     RESERVED = "reserved"
     LIVE = "live"
@@ -52,7 +55,7 @@ class SandboxState(enum.StrEnum):
 
 
 class ReceiptState(enum.StrEnum):
-    """work_receipts.status (SPEC 4.7); pending and running are held by their owner attempt."""
+    """work_receipts.status (docs/contract.md); pending and running are held by their attempt."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -86,11 +89,12 @@ class IntentStatus(enum.StrEnum):
 
 
 class EventKind(enum.StrEnum):
-    """run_events.kind: the ledger (SPEC section 5)."""
+    """run_events.kind: the ledger (docs/contract.md)."""
 
     ADMITTED = "run.admitted"
     ATTEMPT_STARTED = "attempt.started"
     DEFERRED = "run.deferred"
+    PLACEMENT_CHOSEN = "placement.chosen"
     SANDBOX_REQUESTED = "sandbox.requested"
     SANDBOX_LIVE = "sandbox.live"
     PROGRESS = "run.progress"
@@ -105,6 +109,10 @@ class EventKind(enum.StrEnum):
     CANCEL_REQUESTED = "run.cancel_requested"
     MAINTENANCE_FAILED = "run.maintenance_failed"
     PROGRESS_DROPPED = "run.progress_dropped"
+    # An attempt spent a ledger budget: later rows of that group are not written.
+    LEDGER_BUDGET_SPENT = "ledger.budget_spent"
+    # The gateway refused an attempt's request past its rate or its hard budget.
+    GATEWAY_REFUSED = "gateway.refused"
     RUNNER_LOST = "runner.lost"
     RUNNER_UNREACHABLE = "runner.unreachable"
     SUCCEEDED = "run.succeeded"
@@ -112,19 +120,23 @@ class EventKind(enum.StrEnum):
     CANCELLED = "run.cancelled"
 
 
+# Ledger rows the step actions write, budgeted together per attempt (settings.step_max_events).
+STEP_EVENTS: Final = (EventKind.STEP_REUSED, EventKind.STEP_COMPLETED, EventKind.STEP_FAILED,
+                      EventKind.STEP_TAKEN_OVER)
+
 TERMINAL_EVENT: Final = {
     RunStatus.SUCCEEDED: EventKind.SUCCEEDED,
     RunStatus.FAILED: EventKind.FAILED,
     RunStatus.CANCELLED: EventKind.CANCELLED,
 }
 
-# Stable failure codes (SPEC section 5).
-PLAY_NOT_FOUND: Final = "PLAY_NOT_FOUND"
-PLAY_INVALID: Final = "PLAY_INVALID"
-PLAY_ERROR: Final = "PLAY_ERROR"
-OUTPUT_INVALID: Final = "OUTPUT_INVALID"
-INPUT_INVALID: Final = "INPUT_INVALID"
-RUN_TIMEOUT: Final = "RUN_TIMEOUT"
+# Stable failure codes (docs/contract.md).
+PLAY_NOT_FOUND: Final = protocol.PLAY_NOT_FOUND
+PLAY_INVALID: Final = protocol.PLAY_INVALID
+PLAY_ERROR: Final = protocol.PLAY_ERROR
+OUTPUT_INVALID: Final = protocol.OUTPUT_INVALID
+INPUT_INVALID: Final = protocol.INPUT_INVALID
+RUN_TIMEOUT: Final = protocol.RUN_TIMEOUT
 SANDBOX_CAPACITY_EXCEEDED: Final = "SANDBOX_CAPACITY_EXCEEDED"
 START_DEFERRAL_EXHAUSTED: Final = "START_DEFERRAL_EXHAUSTED"
 RUNTIME_RUNNER_LOST: Final = "RUNTIME_RUNNER_LOST"
@@ -133,12 +145,11 @@ SANDBOX_START_FAILED: Final = "SANDBOX_START_FAILED"
 # Maintenance kept failing on this run (see tasks/maintenance/trouble.py).
 RUNTIME_INTERNAL_ERROR: Final = "RUNTIME_INTERNAL_ERROR"
 # Codes a run may fail with from ctx.step (tasks/execution/runner_steps.py).
-STEP_CODES: Final = frozenset({"STEP_KEY_INVALID", "STEP_INVALID", "STEP_RECURSIVE",
-                               "STEP_UNAVAILABLE", "STEP_REFUSED", "RECEIPT_NOT_HELD"})
-# Runtime sheets (SPEC 4.8): a writer superseded by a newer write version, and a gateway
+STEP_CODES: Final = protocol.STEP_CODES
+# Runtime sheets (docs/design.md): a writer superseded by a newer write version, and a gateway
 # without the write-intent start.
-RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Final = "RUNTIME_SHEET_ATTEMPT_SUPERSEDED"
-RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE: Final = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
+RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Final = protocol.RUNTIME_SHEET_ATTEMPT_SUPERSEDED
+RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE: Final = protocol.RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE
 
 CAPACITY_EXCEEDED_MESSAGE: Final = (
     "This organization's execution concurrency limit is currently full."
@@ -150,19 +161,20 @@ LABEL_RUN: Final = "playrun.run"
 LABEL_GENERATION: Final = "playrun.generation"
 LABEL_ORG: Final = "playrun.org"
 LABEL_LEASE: Final = "playrun.lease"
+LABEL_FLEET: Final = "playrun.fleet"
 
 # Files a runner leaves in its sandbox.
-RESULT_FILE: Final = "result.json"
-EVENTS_FILE: Final = "events.jsonl"
-PLAY_FILE: Final = "play.py"
-INPUT_FILE: Final = "input.json"
-RUNNER_FILE: Final = "runner.py"
-RUNNER_CLIENT_FILE: Final = "playrun_client.py"
-RUNNER_STEPS_FILE: Final = "playrun_steps.py"
-RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
+RESULT_FILE: Final = protocol.RESULT_FILE
+EVENTS_FILE: Final = protocol.EVENTS_FILE
+PLAY_FILE: Final = protocol.PLAY_FILE
+INPUT_FILE: Final = protocol.INPUT_FILE
+RUNNER_FILE: Final = protocol.RUNNER_FILE
+RUNNER_CLIENT_FILE: Final = protocol.RUNNER_CLIENT_FILE
+RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
+RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
-# The Alembic revision this code needs; tests/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0010"
+# The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
+SCHEMA_REVISION: Final = "0011"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -171,6 +183,10 @@ MAINTENANCE_QUEUE: Final = "playrun.maintenance"
 # Releases of sandboxes any worker reaches (fake, cloud): a backlog of starts must not hold
 # capacity that finished runs already gave back. A `local` sandbox's go to its host's queue.
 RELEASE_QUEUE: Final = "playrun.release"
+# Every sandbox provider's name (the registry, tasks/sandbox/providers, has the details).
+PROVIDER_NAMES: Final = ("local", "fake", "daytona", "e2b", "modal", "agentcore")
+# Starts placed on a provider ride its own queue: only its workers take them.
+PROVIDER_QUEUE_PREFIX: Final = "playrun.provider."
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"
@@ -195,6 +211,10 @@ KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
 KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
 # Set of run ids whose start messages a worker node holds (received, not yet finished).
 KEY_HELD_STARTS: Final = f"{KEY_PREFIX}:held-messages:"  # hash: task id -> run id
+# hash: provider -> unix time until which a worker announced it serves it
+KEY_SERVED_PROVIDERS: Final = f"{KEY_PREFIX}:served-providers"
+# string per provider: creates failed in a row (transport, auth); expiring opens nothing
+KEY_PROVIDER_CIRCUIT: Final = f"{KEY_PREFIX}:circuit:"
 # Per-minute start-rate samples for the dashboard: one hash per bucket and minute, and
 # the set of buckets that wrote any (tasks/acquisition/starthistory.py).
 KEY_START_HISTORY: Final = f"{KEY_PREFIX}:starthist:"
@@ -206,9 +226,9 @@ PING_IDLE_S: Final = 1.0
 
 # Limits.
 MAX_INPUT_BYTES: Final = 256 * 1024
-MAX_OUTPUT_BYTES: Final = 1024 * 1024
+MAX_OUTPUT_BYTES: Final = protocol.MAX_OUTPUT_BYTES
 MAX_RESULT_FILE_BYTES: Final = 2 * 1024 * 1024
-MAX_EVENT_BYTES: Final = 16 * 1024
+MAX_EVENT_BYTES: Final = protocol.MAX_EVENT_BYTES
 MAX_PLAY_BYTES: Final = 1024 * 1024
 MAX_INPUT_DEPTH: Final = 64  # nesting of lists and objects in a run input
 MAX_INPUT_INT: Final = 2**63  # |n| < this: an int64 survives JSONB, SQLite and Python alike
@@ -238,13 +258,13 @@ MAX_SQL_BIGINT: Final = 2**63 - 1  # a BigInteger column (run_events.id)
 MAX_DURATION_S: Final = 365 * 86400.0  # operator holds, throttles and waits
 MAX_STATS_WINDOW_S: Final = 10 * 365 * 86400.0
 # ctx.step: the step key and the JSON output a work receipt keeps.
-MAX_STEP_KEY_CHARS: Final = 1024
-MAX_STEP_OUTPUT_BYTES: Final = 256 * 1024
-MAX_STEP_TTL_S: Final = 10 * 365 * 86400
+MAX_STEP_KEY_CHARS: Final = protocol.MAX_STEP_KEY_CHARS
+MAX_STEP_OUTPUT_BYTES: Final = protocol.MAX_STEP_OUTPUT_BYTES
+MAX_STEP_TTL_S: Final = protocol.MAX_STEP_TTL_S
 # Runtime sheets: what one request may carry.
-SHEET_MAX_PAGE_ROWS: Final = 2000
-SHEET_MAX_KEY_BYTES: Final = 1024
-SHEET_MAX_ROW_BYTES: Final = 64 * 1024
+SHEET_MAX_PAGE_ROWS: Final = protocol.SHEET_MAX_PAGE_ROWS
+SHEET_MAX_KEY_BYTES: Final = protocol.SHEET_MAX_KEY_BYTES
+SHEET_MAX_ROW_BYTES: Final = protocol.SHEET_MAX_ROW_BYTES
 SHEET_MAX_READ_BYTES: Final = 2 * 1024 * 1024
 # The development signing secret; refused when a PostgreSQL database is configured.
 DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"

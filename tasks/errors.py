@@ -1,6 +1,8 @@
-"""One exception root for playrun; every error carries a stable code (SPEC section 5)."""
+"""One exception root for playrun; every error carries a stable code (docs/contract.md)."""
 
 from __future__ import annotations
+
+from tasks import protocol
 
 
 class PlayrunError(Exception):
@@ -29,6 +31,30 @@ class ConfigurationError(PlayrunError):
     code = "CONFIG_INVALID"
 
 
+class ProcessNotReadyError(PlayrunError):
+    """A process a stack started exited, or did not say it was ready in time."""
+
+    code = "PROCESS_NOT_READY"
+
+
+class NoStackError(ConfigurationError):
+    """No database is configured and no `playrun dev` runs."""
+
+    code = "NO_STACK"
+
+
+class AddressInUseError(ConfigurationError):
+    """A server's listen address is taken by another process."""
+
+    code = "ADDRESS_IN_USE"
+
+
+class SheetNotFoundError(PlayrunError):
+    """No such sheet for this org and play."""
+
+    code = "SHEET_NOT_FOUND"
+
+
 class SchemaNotCurrentError(PlayrunError):
     """The database is not at the Alembic head revision."""
 
@@ -38,19 +64,30 @@ class SchemaNotCurrentError(PlayrunError):
 class PlayNotFoundError(PlayrunError):
     """The play file does not exist."""
 
-    code = "PLAY_NOT_FOUND"
+    code = protocol.PLAY_NOT_FOUND
 
 
 class PlayInvalidError(PlayrunError):
     """The play cannot be loaded (syntax error, no run function)."""
 
-    code = "PLAY_INVALID"
+    code = protocol.PLAY_INVALID
 
 
 class InputInvalidError(PlayrunError):
     """An argument from app code or an operator is malformed, out of range or too large."""
 
-    code = "INPUT_INVALID"
+    code = protocol.INPUT_INVALID
+
+
+class IdempotencyConflictError(PlayrunError):
+    """The idempotency key was used before for another play or input."""
+
+    code = "IDEMPOTENCY_CONFLICT"
+
+    def __init__(self, message: str = "", *, run_id: str) -> None:
+        super().__init__(message)
+        # The run the key already names: what a caller may want instead.
+        self.run_id = run_id
 
 
 class DocumentInvalidError(PlayrunError):
@@ -60,7 +97,7 @@ class DocumentInvalidError(PlayrunError):
 
     def __init__(self, message: str = "", *, reason: str = "invalid") -> None:
         super().__init__(message)
-        # size, encoding, syntax, depth, number or type: what callers may report.
+        # size, values, encoding, syntax, depth, number or type: what callers may report.
         self.reason = reason
 
 
@@ -68,6 +105,24 @@ class PolicyInvalidError(InputInvalidError):
     """The traffic policy request is not valid."""
 
     code = "POLICY_INVALID"
+
+
+class PlacementInvalidError(InputInvalidError):
+    """The placement policy request is not valid."""
+
+    code = "PLACEMENT_INVALID"
+
+
+class PlacementUnknownError(InputInvalidError):
+    """No placement policy has this name."""
+
+    code = "PLACEMENT_UNKNOWN"
+
+
+class PlacementUnservedError(InputInvalidError):
+    """The placement policy names a provider no worker serves."""
+
+    code = "PLACEMENT_UNSERVED"
 
 
 class DurationInvalidError(InputInvalidError):
@@ -115,7 +170,7 @@ class RunWaitTimeoutError(PlayrunError):
 class FenceLostError(PlayrunError):
     """The attempt no longer holds the current, unexpired lease; nothing was written."""
 
-    code = "FENCE_LOST"
+    code = protocol.FENCE_LOST
 
 
 class CapacityExceededError(PlayrunError):
@@ -127,13 +182,13 @@ class CapacityExceededError(PlayrunError):
 class RuntimeSheetWriteIntentUnavailableError(PlayrunError):
     """The gateway does not offer the write-intent sheet start (never fall back to the legacy)."""
 
-    code = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
+    code = protocol.RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE
 
 
 class RuntimeSheetAttemptSupersededError(PlayrunError):
     """A newer write version owns this writer's sheet rows: the writer must stop."""
 
-    code = "RUNTIME_SHEET_ATTEMPT_SUPERSEDED"
+    code = protocol.RUNTIME_SHEET_ATTEMPT_SUPERSEDED
 
 
 class SheetWriteIntentInvalidError(PlayrunError):
@@ -151,7 +206,7 @@ class SheetWriteVersionMismatchError(PlayrunError):
 class GatewayError(PlayrunError):
     """The gateway refused the request."""
 
-    code = "GATEWAY_BAD_REQUEST"
+    code = protocol.GATEWAY_BAD_REQUEST
     status = 400
 
 
@@ -162,14 +217,25 @@ class GatewayBadRequestError(GatewayError):
 class GatewayBodyTooLargeError(GatewayError):
     """The request body is larger than the gateway accepts."""
 
-    code = "GATEWAY_BODY_TOO_LARGE"
+    code = protocol.GATEWAY_BODY_TOO_LARGE
     status = 413
+
+
+class GatewayRateLimitedError(GatewayError):
+    """The attempt sent more than its budget allows; retry after the time given."""
+
+    code = "GATEWAY_RATE_LIMITED"
+    status = 429
+
+    def __init__(self, message: str = "", *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class GatewayUnknownActionError(GatewayError):
     """The gateway does not know this action."""
 
-    code = "GATEWAY_UNKNOWN_ACTION"
+    code = protocol.GATEWAY_UNKNOWN_ACTION
     status = 404
 
 
@@ -183,21 +249,21 @@ class GatewayUnknownFieldError(GatewayError):
 class TokenInvalidError(GatewayError):
     """The capability token is missing, forged or malformed."""
 
-    code = "GATEWAY_TOKEN_INVALID"
+    code = protocol.GATEWAY_TOKEN_INVALID
     status = 401
 
 
 class TokenExpiredError(GatewayError):
     """The capability token has expired."""
 
-    code = "GATEWAY_TOKEN_EXPIRED"
+    code = protocol.GATEWAY_TOKEN_EXPIRED
     status = 401
 
 
 class CapabilityDeniedError(GatewayError):
     """The token does not grant this action."""
 
-    code = "GATEWAY_CAPABILITY_DENIED"
+    code = protocol.GATEWAY_CAPABILITY_DENIED
     status = 403
 
 
@@ -205,12 +271,12 @@ class CapabilityDeniedError(GatewayError):
 class ReceiptNotHeldError(GatewayError):
     """This attempt does not hold the work receipt it tries to settle."""
 
-    code = "RECEIPT_NOT_HELD"
+    code = protocol.RECEIPT_NOT_HELD
     status = 409
 
 
 class StepOutputInvalidError(GatewayError):
     """A step's output is not storable JSON or is larger than a receipt keeps."""
 
-    code = "OUTPUT_INVALID"
+    code = protocol.OUTPUT_INVALID
     status = 400

@@ -1,4 +1,4 @@
-"""Settings, read once from PLAYRUN_* environment variables (SPEC section 5)."""
+"""Settings, read once from PLAYRUN_* environment variables (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -10,138 +10,293 @@ from urllib.parse import urlsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, SHEET_MAX_PAGE_ROWS, StartOrder
+from tasks.constants import (
+    DEV_SECRET_KEY,
+    MAX_SQL_INT,
+    PROVIDER_NAMES,
+    SHEET_MAX_PAGE_ROWS,
+    StartOrder,
+)
 from tasks.errors import ConfigurationError
 
 _HOME = Path.home() / ".playrun"
 
 
 class Settings(BaseSettings):
+    """Every PLAYRUN_* environment variable, read once per process (docs/operations.md)."""
+
     model_config = SettingsConfigDict(env_prefix="PLAYRUN_", extra="ignore", frozen=True)
 
-    database_url: str = f"sqlite:///{_HOME / 'playrun.db'}"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    gateway_url: str = "http://127.0.0.1:8765"
-    # The gateway also listens here; strict sandboxes reach it only through this socket.
+    database_url: str = Field(
+        default=f"sqlite:///{_HOME / 'playrun.db'}",
+        description="SQLAlchemy URL of the database (PostgreSQL in production).")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis: the Celery broker and result backend, and the start-rate buckets.")
+    gateway_url: str = Field(
+        default="http://127.0.0.1:8765",
+        description="Where the gateway listens over TCP, and where local sandboxes call back.")
     # Its directory is bound into each sandbox, so keep nothing else in it.
-    gateway_socket: Path = _HOME / "gateway" / "gateway.sock"
-    # Largest request body the gateway reads; a result document is at most ~1 MiB.
-    gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
-    # The runner heartbeats this often; a runner silent for heartbeat_timeout_s is inspected.
-    heartbeat_interval_s: float = Field(default=5.0, gt=0)
-    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
-    # The gateway answers all heartbeats of this window in one transaction: at most
-    # 1/window commits per second for beats, however many plays run.
-    gateway_beat_window_s: float = Field(default=0.1, ge=0, le=1.0)
-    # Progress events kept per attempt; beyond this one event records how many were dropped.
-    progress_max_events: int = Field(default=10_000, ge=0)
-    # Runtime sheets: rows a runner admits per request, and row results it writes per request.
-    sheet_page_rows: int = Field(default=500, ge=1, le=SHEET_MAX_PAGE_ROWS)
-    sheet_write_rows: int = Field(default=200, ge=1, le=SHEET_MAX_PAGE_ROWS)
-    # Gateway actions this gateway refuses as unknown (stands in for an older release).
-    gateway_withdrawn_actions: list[str] = []
-    secret_key: str = DEV_SECRET_KEY
-    sandbox_provider: str = "local"
-    sandbox_root: Path = _HOME / "sandboxes"
-    # strict: bubblewrap namespaces, only the sandbox dir writable, no network but the
-    # gateway socket; process: a process group on the host filesystem; auto: strict if it works.
-    sandbox_isolation: Literal["auto", "strict", "process"] = "auto"
-    # Outbound network for strict sandboxes: a risk (plays reach whatever the host reaches).
-    sandbox_network: bool = False
-    # A worker running as root runs strict sandboxes as this unprivileged host uid/gid
-    # (uid 1000 inside their user namespace); keep it free of other use on the host.
-    sandbox_uid: int = Field(default=65534, gt=0)
-    sandbox_gid: int = Field(default=65534, gt=0)
-    # Processes (threads included) one sandbox may have at once (RLIMIT_NPROC, counted in
-    # its own user namespace; also pids.max where cgroup v2 is available).
-    sandbox_max_processes: int = Field(default=128, gt=0)
-    # Disk a sandbox's directory may use in all; past it the sandbox is stopped.
-    sandbox_max_dir_mb: int = Field(default=512, gt=0)
-    # A cgroup v2 directory delegated to playrun for per-sandbox memory/pids/cpu limits;
-    # unset: /sys/fs/cgroup/playrun when running as root on a cgroup v2 host, else none.
-    sandbox_cgroup: Path | None = None
-    sandbox_cpus: float = Field(default=1.0, gt=0)
-    org_capacity: int = Field(default=10, ge=0, le=MAX_SQL_INT)
-    capacity_mode: Literal["enforce", "observe"] = "enforce"
-    # In `enforce`, a full org fails the run, or with `defer` waits through the bounded deferral.
-    capacity_full: Literal["fail", "defer"] = "fail"
-    # Seconds before an unreported reservation is released by the reaper.
-    capacity_reservation_ttl_s: float = 120.0
+    gateway_socket: Path = Field(
+        default=_HOME / "gateway" / "gateway.sock",
+        description="The gateway's Unix socket; strict sandboxes reach the gateway only "
+                    "through it (its directory is bound into each sandbox).")
+    gateway_max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, gt=0,
+        description="Largest request body the gateway reads (a result document is at most "
+                    "about 1 MiB).")
+    gateway_max_body_values: int = Field(
+        default=200_000, gt=0,
+        description="Values and containers one request body may hold, counted before it is "
+                    "decoded.")
+    gateway_attempt_in_flight: int = Field(
+        default=8, ge=1, description="Requests one attempt may have in flight at the gateway.")
+    gateway_attempt_requests_per_s: float = Field(
+        default=50.0, gt=0,
+        description="Requests per second one attempt may send (a token bucket; an honest "
+                    "runner stays far below it).")
+    gateway_attempt_request_burst: float = Field(
+        default=200.0, ge=1, description="Burst of the per-attempt request bucket.")
+    gateway_attempt_bytes_per_s: float = Field(
+        default=4 * 1024 * 1024, gt=0,
+        description="Request bytes per second one attempt may send (its burst is twice the "
+                    "largest body).")
+    heartbeat_interval_s: float = Field(
+        default=5.0, gt=0, description="Seconds between a runner's heartbeats.")
+    heartbeat_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="A runner silent this long is inspected on its host by the reaper.")
+    gateway_beat_window_s: float = Field(
+        default=0.1, ge=0, le=1.0,
+        description="The gateway answers all heartbeats of this window in one transaction.")
+    progress_max_events: int = Field(
+        default=10_000, ge=0,
+        description="Progress events kept per attempt; beyond it one event counts the rest.")
+    step_max_events: int = Field(
+        default=10_000, ge=0,
+        description="Step ledger rows (completed, failed, taken over, first reuse of a key) "
+                    "per attempt; beyond it one event says the budget is spent.")
+    sheet_page_rows: int = Field(
+        default=500, ge=1, le=SHEET_MAX_PAGE_ROWS,
+        description="Runtime sheets: rows a runner admits per request.")
+    sheet_write_rows: int = Field(
+        default=200, ge=1, le=SHEET_MAX_PAGE_ROWS,
+        description="Runtime sheets: row results a runner writes per request.")
+    secret_key: str = Field(
+        default=DEV_SECRET_KEY,
+        description="Signs runner tokens; workers and the gateway refuse the built-in "
+                    "development value on PostgreSQL.")
+    sandbox_provider: str = Field(
+        default="local",
+        description="Sandbox provider: local, fake, daytona, e2b, modal or agentcore.")
+    providers: str = Field(
+        default="", max_length=400,
+        description="Several providers in one fleet, comma-separated; the first is the "
+                    "fleet's own when no placement policy applies. Unset: "
+                    "PLAYRUN_SANDBOX_PROVIDER alone.")
+    placement_default: str | None = Field(
+        default=None, max_length=40,
+        description="The placement policy of runs that name none and whose org has no "
+                    "default.")
+    provider_circuit_failures: int = Field(
+        default=3, ge=1, le=1000,
+        description="Creates failing this many times in a row (transport, auth) open a "
+                    "provider's circuit: placement passes its attempts to a fallback.")
+    provider_circuit_open_s: float = Field(
+        default=30.0, gt=0, le=3600, description="How long an open circuit stays open.")
+    sandbox_root: Path = Field(
+        default=_HOME / "sandboxes",
+        description="Where local sandboxes live, and the provider's records of remote ones.")
+    sandbox_isolation: Literal["auto", "strict", "process"] = Field(
+        default="auto",
+        description="strict: bubblewrap namespaces, only the sandbox directory writable, no "
+                    "network but the gateway socket; process: a process group on the host "
+                    "filesystem; auto: strict where it works.")
+    sandbox_network: bool = Field(
+        default=False,
+        description="Outbound network for strict sandboxes: a risk, plays then reach "
+                    "whatever the host reaches.")
+    # Keep these ids free of other use on the host.
+    sandbox_uid: int = Field(
+        default=65534, gt=0,
+        description="Host uid a worker running as root runs strict sandboxes as.")
+    sandbox_gid: int = Field(
+        default=65534, gt=0,
+        description="Host gid a worker running as root runs strict sandboxes as.")
+    sandbox_max_processes: int = Field(
+        default=128, gt=0,
+        description="Processes and threads one sandbox may have at once (RLIMIT_NPROC in its "
+                    "own user namespace; pids.max with cgroup v2).")
+    sandbox_max_dir_mb: int = Field(
+        default=512, gt=0,
+        description="Disk space a sandbox's directory may use; past it the sandbox is stopped.")
+    sandbox_cgroup: Path | None = Field(
+        default=None,
+        description="A cgroup v2 directory delegated for per-sandbox memory, pids and cpu "
+                    "limits; unset: /sys/fs/cgroup/playrun as root on cgroup v2, else none.")
+    sandbox_cpus: float = Field(
+        default=1.0, gt=0, description="CPUs one sandbox may use (cpu.max with cgroup v2).")
+    gateway_public_url: str = Field(
+        default="",
+        description="The gateway URL a sandbox on another network uses (https in "
+                    "production); required by the cloud providers.")
+    sandbox_egress: Literal["gateway", "open"] = Field(
+        default="gateway",
+        description="Cloud sandboxes' network: gateway (only the gateway's host, where the "
+                    "provider can limit egress) or open (anything).")
+    provider_max_live: int | None = Field(
+        default=None, gt=0, le=MAX_SQL_INT,
+        description="Live sandboxes of this provider fleet-wide (providers cap them per "
+                    "account); unset: no limit.")
+    fleet: str = Field(
+        default="default", min_length=1, max_length=40, pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="Label on every sandbox; garbage collection deletes only its own "
+                    "fleet's orphans.")
+    org_capacity: int = Field(
+        default=10, ge=0, le=MAX_SQL_INT,
+        description="Concurrent sandboxes per org (per-org overrides: playrun capacity set).")
+    capacity_mode: Literal["enforce", "observe"] = Field(
+        default="enforce",
+        description="enforce the org capacity, or only observe (count and report) it.")
+    capacity_full: Literal["fail", "defer"] = Field(
+        default="fail",
+        description="In enforce mode, a full org fails the run, or defers it within the "
+                    "deferral budget.")
+    capacity_reservation_ttl_s: float = Field(
+        default=120.0,
+        description="Seconds before the reaper releases a reservation whose sandbox was "
+                    "never reported live.")
 
-    # Attempt lease while acquiring (renewed at each step); the reaper recovers expired
-    # ones, so a worker killed before launch costs about this long. After launch the
-    # runner's heartbeats hold the lease (heartbeat_timeout_s).
-    lease_seconds: float = Field(default=20.0, gt=0)
-    # Runner wall-clock limit per run.
-    run_timeout_s: float = Field(default=600.0, gt=0)
-    sandbox_memory_mb: int = Field(default=1024, gt=0)
-    sandbox_max_file_mb: int = Field(default=64, gt=0)
+    lease_seconds: float = Field(
+        default=20.0, gt=0,
+        description="Attempt lease while acquiring; the reaper recovers expired ones (after "
+                    "launch the heartbeats hold the lease).")
+    run_timeout_s: float = Field(
+        default=600.0, gt=0, description="Wall-clock limit of a play.")
+    sandbox_memory_mb: int = Field(
+        default=1024, gt=0, description="Memory limit of a sandbox, in MiB.")
+    sandbox_max_file_mb: int = Field(
+        default=64, gt=0, description="Largest file a sandbox may write, in MiB.")
 
-    # Start-rate bucket defaults, per provider (SPEC 4.3).
-    start_rate_initial_per_min: float = Field(default=60.0, gt=0)
-    start_rate_max_per_min: float = Field(default=600.0, gt=0)
-    start_rate_floor_per_min: float = Field(default=6.0, gt=0)
-    start_rate_increase_per_min: float = Field(default=6.0, ge=0)
-    start_rate_decrease_factor: float = Field(default=0.5, gt=0, lt=1)
-    start_rate_cooldown_ms: int = Field(default=15_000, ge=0)
-    start_rate_global_max_per_min: float | None = None
-    # Waits at most this long in place for a permit; longer waits defer the attempt.
-    start_local_sleep_ms: int = Field(default=1000, ge=0)
+    start_rate_initial_per_min: float = Field(
+        default=60.0, gt=0, description="Start rate per provider bucket at first use.")
+    start_rate_max_per_min: float = Field(
+        default=600.0, gt=0, description="Highest start rate a bucket grows to.")
+    start_rate_floor_per_min: float = Field(
+        default=6.0, gt=0, description="Lowest start rate pushback cuts a bucket to.")
+    start_rate_increase_per_min: float = Field(
+        default=6.0, ge=0,
+        description="Rate added per accepted create (additive increase).")
+    start_rate_decrease_factor: float = Field(
+        default=0.5, gt=0, lt=1,
+        description="Factor the rate is multiplied by on provider pushback.")
+    start_rate_cooldown_ms: int = Field(
+        default=15_000, ge=0,
+        description="After a cut, how long a bucket holds its rate before growing again.")
+    start_rate_global_max_per_min: float | None = Field(
+        default=None,
+        description="A second, fixed rule every start must also pass; unset: none.")
+    start_local_sleep_ms: int = Field(
+        default=1000, ge=0,
+        description="Longest in-place wait for a start permit; longer waits defer the "
+                    "attempt.")
 
-    # fair: starts go to the broker by org, weighted, only as far ahead as the start rate
-    # allows (tasks/acquisition/fairshare/); fifo: in order of admission, all at once.
-    start_order: StartOrder = StartOrder.FAIR
-    # Fair order: start messages in flight, as seconds of the current start rate...
-    fair_ahead_s: float = Field(default=1.0, gt=0, le=60)
-    # ... and never more than this many: the bound on the start queue's length.
-    fair_max_ahead: int = Field(default=200, ge=1, le=10_000)
+    start_order: StartOrder = Field(
+        default=StartOrder.FAIR,
+        description="fair: starts go to the broker by org, weighted by `playrun capacity set "
+                    "--weight`, only as far ahead as the start rate allows; fifo: in order "
+                    "of admission, all at once.")
+    fair_ahead_s: float = Field(
+        default=1.0, gt=0, le=60,
+        description="Fair order: start messages in flight, as seconds of the current start "
+                    "rate.")
+    fair_max_ahead: int = Field(
+        default=200, ge=1, le=10_000,
+        description="Fair order: the most start messages in flight, the bound on the start "
+                    "queues' length.")
 
-    # Bounded deferral of pre-code failures (SPEC 4.6).
-    deferral_max_count: int = Field(default=20, ge=0)
-    deferral_max_total_s: float = Field(default=1800.0, ge=0)
-    deferral_base_ms: int = Field(default=1000, ge=1)
-    deferral_max_ms: int = Field(default=60_000, ge=1)
-    # Longest Celery countdown the code uses; longer waits go through the database.
-    max_countdown_s: float = Field(default=30.0, gt=0)
-    # Broker visibility timeout; must exceed every countdown (checked below).
-    visibility_timeout_s: float = Field(default=3600.0, gt=0)
+    deferral_max_count: int = Field(
+        default=20, ge=0, description="Deferrals a run may take before it fails.")
+    deferral_max_total_s: float = Field(
+        default=1800.0, ge=0, description="Total time a run may spend deferred.")
+    deferral_base_ms: int = Field(
+        default=1000, ge=1, description="First deferral backoff.")
+    deferral_max_ms: int = Field(
+        default=60_000, ge=1, description="Longest deferral backoff.")
+    max_countdown_s: float = Field(
+        default=30.0, gt=0,
+        description="Longest Celery countdown used; longer waits go through the database.")
+    visibility_timeout_s: float = Field(
+        default=3600.0, gt=0,
+        description="Broker visibility timeout; must exceed twice PLAYRUN_MAX_COUNTDOWN_S.")
 
-    # A PostgreSQL or Redis connection that answers nothing for this long is dropped as
-    # dead (connect, keepalive and read bounds: tasks/store/netguard.py), so a half-open
-    # connection after a failover or partition never hangs a worker, beat or the gateway.
-    # Waits on a dead connection can come one after another (a worker's broker channel
-    # has several), so recovery takes about two or three of these. Raise it on a slow WAN.
-    network_timeout_s: float = Field(default=10.0, ge=4, le=3600)
+    # Recovery takes about two or three of these: a worker's broker channel has several.
+    network_timeout_s: float = Field(
+        default=10.0, ge=4, le=3600,
+        description="A PostgreSQL or Redis connection silent this long is dropped as dead, so "
+                    "a half-open connection never hangs a process; raise it on a slow WAN.")
 
-    # A worker that receives none of its own pings for this long exits (0 disables).
-    worker_watchdog_s: float = Field(default=60.0, ge=0)
+    worker_watchdog_s: float = Field(
+        default=60.0, ge=0,
+        description="A worker that receives none of its own pings for this long exits for "
+                    "its supervisor to restart it (0 disables).")
 
-    # Prometheus endpoints, one per process kind (README "Metrics"); port 0 picks a free
-    # port and the process writes its URL to <metrics_dir>/<kind>-<pid>.url.
-    metrics_enabled: bool = True
-    metrics_worker_addr: str = "127.0.0.1:9464"
-    metrics_beat_addr: str = "127.0.0.1:9465"
-    metrics_gateway_addr: str = "127.0.0.1:9466"
-    # Worker children write multiprocess files under <metrics_dir>/worker-<pid>/.
-    metrics_dir: Path = _HOME / "metrics"
-    # Capacity gauges label this many orgs (most leases held) by name, the rest "other".
-    metrics_top_orgs: int = Field(default=20, ge=0, le=1000)
+    metrics_enabled: bool = Field(
+        default=True, description="Serve Prometheus metrics.")
+    metrics_worker_addr: str = Field(
+        default="127.0.0.1:9464",
+        description="host:port of a worker's metrics listener (port 0: a free one, written "
+                    "to the metrics directory).")
+    metrics_beat_addr: str = Field(
+        default="127.0.0.1:9465", description="host:port of beat's metrics listener.")
+    metrics_gateway_addr: str = Field(
+        default="127.0.0.1:9466",
+        description="host:port of the gateway's metrics listener (never its runtime port).")
+    metrics_dir: Path = Field(
+        default=_HOME / "metrics",
+        description="Worker children's multiprocess files, and every listener's URL file.")
+    metrics_top_orgs: int = Field(
+        default=20, ge=0, le=1000,
+        description="Orgs named in the capacity gauges (most leases held); the rest are "
+                    "\"other\".")
 
-    # Maintenance cadence for `celery beat`.
-    sweep_interval_s: float = Field(default=5.0, gt=0)
-    reap_interval_s: float = Field(default=5.0, gt=0)
-    gc_interval_s: float = Field(default=60.0, gt=0)
-    gc_grace_s: float = Field(default=60.0, ge=0)
-    outbox_resend_after_s: float = Field(default=10.0, ge=0)
-    # The reaper releases what an ended attempt still holds only this long after it ended:
-    # before that the run's own release task is usually on its way.
-    release_grace_s: float = Field(default=30.0, ge=0)
+    sweep_interval_s: float = Field(
+        default=5.0, gt=0, description="How often beat's outbox sweep runs.")
+    reap_interval_s: float = Field(
+        default=5.0, gt=0, description="How often beat's reaper runs.")
+    gc_interval_s: float = Field(
+        default=60.0, gt=0, description="How often beat's sandbox garbage collection runs.")
+    gc_grace_s: float = Field(
+        default=60.0, ge=0,
+        description="Age before garbage collection deletes a sandbox no attempt holds.")
+    outbox_resend_after_s: float = Field(
+        default=10.0, ge=0,
+        description="A run still queued this long after its start was sent is sent again.")
+    release_grace_s: float = Field(
+        default=30.0, ge=0,
+        description="The reaper releases what an ended attempt still holds only this long "
+                    "after it ended.")
 
-    # The operators' dashboard (`playrun dashboard`): its own listener, a read token and a
-    # separate token for "run again"; without a read token it starts only on SQLite.
-    dashboard_addr: str = "127.0.0.1:8790"
-    dashboard_token: str | None = None
-    dashboard_write_token: str | None = None
+    dashboard_addr: str = Field(
+        default="127.0.0.1:8790",
+        description="Where playrun dashboard listens (never the gateway's port).")
+    dashboard_token: str | None = Field(
+        default=None,
+        description="The dashboard's read token (at least 16 characters; required on "
+                    "PostgreSQL).")
+    dashboard_write_token: str | None = Field(
+        default=None,
+        description="A second dashboard token that may also run a run again.")
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        """The providers this process serves, the fleet's own first."""
+        names = tuple(dict.fromkeys(n.strip() for n in self.providers.split(",") if n.strip()))
+        return names or (self.sandbox_provider,)
+
+    @property
+    def primary_provider(self) -> str:
+        return self.served[0]
 
     @property
     def is_postgres(self) -> bool:
@@ -160,7 +315,23 @@ class Settings(BaseSettings):
                 "PLAYRUN_METRICS_GATEWAY_ADDR must not be the gateway's runtime port "
                 "(PLAYRUN_GATEWAY_URL): sandboxes reach that one",
             )
+        # An unknown name is the worker's to refuse, with its own code (tasks/worker/boot.py).
+        remote = [name for name in self.served
+                  if name in PROVIDER_NAMES and name not in ("local", "fake")]
+        if remote:
+            scheme = urlsplit(self.gateway_public_url).scheme
+            if scheme not in ("http", "https"):
+                raise ConfigurationError(
+                    f"sandbox provider {remote[0]!r} runs sandboxes on another "
+                    "network: set PLAYRUN_GATEWAY_PUBLIC_URL to the gateway's http(s) URL "
+                    "as they reach it")
         return self
+
+    def runner_gateway_url(self, provider: str | None = None) -> str:
+        """The gateway as the runner reaches it (in a sandbox of `provider`)."""
+        if (provider or self.sandbox_provider) in ("local", "fake"):
+            return self.gateway_url
+        return self.gateway_public_url
 
     def gateway_listen_address(self) -> tuple[str, int]:
         """The host and TCP port the gateway listens on, from `gateway_url`."""

@@ -9,7 +9,7 @@ that proves nothing ran twice.
 from __future__ import annotations
 
 import os
-import sys
+import signal
 import threading
 import time
 import uuid
@@ -23,7 +23,7 @@ import psycopg
 
 from bench.bench_recovery import Workers
 from bench.chaoslib.sheets import ROW_S, check_sheets, rows_for
-from bench.common import Child, start_gateway
+from bench.common import Child, start_beat, start_gateway
 
 PLAY = Path(__file__).resolve().parent.parent / "plays" / "chaos_mix.py"
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -70,9 +70,7 @@ class Stack:
 
     def start(self) -> None:
         self.gateway = start_gateway(self.env, self.log_dir)
-        self.beat = Child("beat", [sys.executable, "-m", "celery", "-A", "tasks", "beat",
-                                   "--loglevel=INFO"], self.env, self.log_dir)
-        self.beat.wait_for("beat: Starting", timeout=90)
+        self.beat = start_beat(self.env, self.log_dir)
         self.workers = Workers(self.env, self.log_dir)
 
     def restart_worker(self, i: int, env: dict[str, str]) -> None:
@@ -80,17 +78,13 @@ class Stack:
         assert self.workers is not None
         w = self.workers.workers[i]
         w.stop()
-        self.workers.ready_from[i] = w.log_path.stat().st_size
         w.env = env
         w.start()
         self.workers.wait_ready(i)
 
     def restart(self, child: Child) -> None:
         """SIGKILL the process group and start it again at once (a supervisor's restart)."""
-        child.kill()
-        assert child.proc is not None
-        child.proc.wait(timeout=30)
-        child.log.close()
+        child.stop(signal.SIGKILL)
         child.start()
 
     def stop(self) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from bench.common import Child, free_port
+from bench.common import free_port, start_child
 
 
 class PrivateRedis:
@@ -27,7 +28,7 @@ class PrivateRedis:
             raise RuntimeError("no redis-server on PATH")
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}"
-        self.child = Child("redis", [exe, "--port", str(self.port), "--bind", "127.0.0.1",
+        self.child = start_child("redis", [exe, "--port", str(self.port), "--bind", "127.0.0.1",
                                      "--save", "", "--appendonly", "no"], dict(os.environ),
                            log_dir)
         self.wait_up()
@@ -43,10 +44,7 @@ class PrivateRedis:
             time.sleep(0.05)
 
     def kill(self) -> None:
-        self.child.kill()
-        assert self.child.proc is not None
-        self.child.proc.wait(timeout=30)
-        self.child.log.close()
+        self.child.stop(signal.SIGKILL)
 
     def start(self) -> None:
         self.child.start()

@@ -1,4 +1,4 @@
-"""Pure maths of the bounded deferral (SPEC 4.6): delay with jitter, and the budget."""
+"""Pure maths of the bounded deferral (docs/contract.md): delay with jitter, and the budget."""
 
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ def deferral_delay_ms(count: int, *, base_ms: int, max_ms: int, at_least_ms: int
     exp = min(max_ms, base_ms * (2 ** min(count, 30)))
     jittered = exp / 2 + rand() * exp / 2
     return max(at_least_ms, int(jittered))
+
+
+def pacing_delay_ms(wait_ms: int, *, rand: Callable[[], float] = random.random) -> int:
+    """A permit's own wait plus up to a quarter more (at most 1 s): runs deferred by one
+    throttle come back spread over the bucket's next slots, not all at its first."""
+    return wait_ms + int(rand() * min(wait_ms / 4, 1000.0))
 
 
 def budget_exhausted(count: int, total_ms: int, next_delay_ms: int, *, max_count: int,

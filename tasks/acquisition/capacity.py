@@ -1,4 +1,4 @@
-"""Capacity leases (SPEC 4.4): reserve under a per-org lock, promote by CAS, release once.
+"""Capacity leases (docs/design.md): reserve under a per-org lock, promote by CAS, release once.
 
 Reservations lock the org's row in `capacity_orgs` (an upsert that takes the row
 lock and returns the limit; SQLite's BEGIN IMMEDIATE serialises writers anyway), so
@@ -99,19 +99,23 @@ SELECT used, lease_id, cap FROM res
 """
 
 
-def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> Reservation:
+def reserve(session: Session, fence: Fence, org_id: str, settings: Settings, *,
+            default: int | None = None, observe: bool | None = None) -> Reservation:
     """Take a slot for this attempt in the caller's transaction; the fence is checked here.
 
     Raises CapacityExceededError in `enforce` mode when the org is full; in
     `observe` mode admits and records the overrun in the ledger.
     """
-    observe = settings.capacity_mode != "enforce"
+    if observe is None:
+        observe = settings.capacity_mode != "enforce"
+    if default is None:
+        default = settings.org_capacity
     lease_id = new_id()
     if is_postgres(session):
         session.flush()  # the raw statement follows the caller's pending writes
         row = session.connection().exec_driver_sql(_PG_RESERVE, {
             **fence_params(fence), "org": org_id, "id": lease_id,
-            "default": settings.org_capacity, "observe": observe,
+            "default": default, "observe": observe,
             "ttl": float(settings.capacity_reservation_ttl_s)}).first()
         if row is None:
             hold(session, fence)  # raises, saying which part of the fence failed
@@ -121,7 +125,7 @@ def reserve(session: Session, fence: Fence, org_id: str, settings: Settings) -> 
     else:
         hold(session, fence)
         override = _lock_org(session, org_id)
-        limit = settings.org_capacity if override is None else override
+        limit = default if override is None else override
         used = in_use(session, org_id)
         inserted = None
         if used < limit or observe:
@@ -196,6 +200,35 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
         return
     state = "missing" if lease is None else lease.state
     raise FenceLostError(f"capacity lease {lease_id} is {state}, not reserved for this attempt")
+
+
+def pool_for(provider: str) -> str:
+    """The pseudo-org whose leases count a provider's live sandboxes fleet-wide; `~` is
+    outside every org id, so no tenant can share it."""
+    return f"~provider:{provider}"
+
+
+def reserve_pool(session: Session, fence: Fence, provider: str, max_live: int,
+                 settings: Settings, org_lease_id: str | None) -> str | None:
+    """A slot among the provider's `max_live` after the org's, in the same transaction and
+    under the same kind of lock, so the provider is never asked for more. None when full:
+    the org's slot taken just before is given back in this transaction."""
+    try:
+        return reserve(session, fence, pool_for(provider), settings, default=max_live,
+                       observe=False).lease_id
+    except CapacityExceededError:
+        if org_lease_id is not None:
+            session.execute(sa.delete(CapacityLease).where(CapacityLease.id == org_lease_id))
+        return None
+
+
+def promote_pool(session: Session, fence: Fence, provider: str, sandbox_id: str) -> None:
+    """The provider pool's lease goes live with the org's (same transaction, same fence)."""
+    session.execute(sa.update(CapacityLease).where(
+        CapacityLease.run_id == fence.run_id, CapacityLease.generation == fence.generation,
+        CapacityLease.org_id == pool_for(provider), CapacityLease.state == RESERVED,
+    ).values(state=LIVE, provider=provider, sandbox_id=sandbox_id, live_at=db_now(),
+             expires_at=None))
 
 
 def set_limit(org_id: str, limit: int | None, weight: int | None = None) -> None:

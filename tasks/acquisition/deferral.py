@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Any, Literal
+from typing import Literal
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Attempt, Outbox, Run, db_now
-from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms
+from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms, pacing_delay_ms
+from tasks.admission.rows import start_args
 from tasks.admission.submit import enqueue_start
+from tasks.broker.app import start_queue
+from tasks.broker.publish import publisher
 from tasks.constants import (
-    QUEUE,
     START_DEFERRAL_EXHAUSTED,
     TASK_START_ATTEMPT,
     AttemptState,
@@ -40,7 +42,7 @@ from tasks.store.notify import run_settled
 log = logging.getLogger("playrun.deferral")
 
 Cause = Literal["hold", "throttle", "provider_capacity", "provider_rate_limited", "transport",
-                "capacity", "worker_lost"]
+                "capacity", "worker_lost", "placement"]
 
 
 class Verdict(enum.StrEnum):
@@ -51,14 +53,15 @@ class Verdict(enum.StrEnum):
     CANCELLED = "cancelled"  # a cancel arrived first
 
 
-def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
-          at_least_ms: int = 0, detail: str = "") -> Verdict:
+def defer(fence: Fence, cause: Cause, settings: Settings, *,
+          at_least_ms: int = 0, detail: str = "", provider: str | None = None) -> Verdict:
     """Schedule the attempt again later, or fail the run once the budget is spent.
+    `provider`: the queue of the provider the next start is placed on.
 
     A cancel that arrived during acquisition wins over waiting for another try.
     """
     if _cancel_requested(fence.run_id):
-        # The sandbox goes before the final `cancelled` write below (SPEC 4.10).
+        # The sandbox goes before the final `cancelled` write below (docs/design.md).
         release_sandboxes(fence.run_id, fence.generation, fence.lease_token)
     outbox_id, delay = None, 0
     with session_scope() as session:
@@ -67,9 +70,13 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
             _end(session, run, attempt, fence, CANCELLED_OUTCOME, "cancelled")
             verdict = Verdict.CANCELLED
         else:
-            delay = deferral_delay_ms(run.deferral_count, base_ms=settings.deferral_base_ms,
-                                      max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
-            if budget_exhausted(run.deferral_count, run.deferral_total_ms, delay,
+            # The start rate's own wait is pacing, not a failure: the run comes back when its
+            # permit is due (with jitter), neither backing off nor spending its count.
+            pacing = cause == "throttle" and at_least_ms > 0
+            delay = pacing_delay_ms(at_least_ms) if pacing else deferral_delay_ms(
+                run.deferral_count, base_ms=settings.deferral_base_ms,
+                max_ms=settings.deferral_max_ms, at_least_ms=at_least_ms)
+            if budget_exhausted(0 if pacing else run.deferral_count, run.deferral_total_ms, delay,
                                 max_count=settings.deferral_max_count,
                                 max_total_ms=int(settings.deferral_max_total_s * 1000)):
                 message = (f"sandbox start deferred {run.deferral_count} times over "
@@ -79,7 +86,8 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
                      Outcome.failed(START_DEFERRAL_EXHAUSTED, message), "deferral_exhausted")
                 verdict = Verdict.EXHAUSTED
             else:
-                outbox_id = _park(session, run, attempt, fence, cause, delay, detail)
+                outbox_id = _park(session, run, attempt, fence, cause, delay, detail,
+                                  provider, counted=not pacing)
                 verdict = Verdict.DEFERRED
     if verdict is Verdict.DEFERRED:
         metrics.deferred(cause)  # committed: counted once per scheduled wait
@@ -90,7 +98,7 @@ def defer(fence: Fence, cause: Cause, settings: Settings, app: Any, *,
     elif (outbox_id is not None and delay / 1000 <= settings.max_countdown_s
           and settings.start_order == StartOrder.FIFO):
         # Fair order: the row waits in the outbox for its org's turn once due.
-        _publish_with_countdown(app, outbox_id, fence.run_id, delay / 1000)
+        _publish_with_countdown(outbox_id, start_args(fence.run_id, provider), delay / 1000)
     return verdict
 
 
@@ -109,27 +117,28 @@ def _end(session: Session, run: Run, attempt: Attempt, fence: Fence, outcome: Ou
 
 
 def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cause,
-          delay: int, detail: str) -> str:
+          delay: int, detail: str, provider: str | None, *, counted: bool = True) -> str:
     """The attempt waits (same generation); the next start is an outbox row due later."""
     attempt.state = AttemptState.DEFERRED
     attempt.lease_expires_at = db_now()
     run.status = RunStatus.QUEUED
     run.deferred_until = db_now(delay / 1000)
-    run.deferral_count += 1
+    run.deferral_count += 1 if counted else 0
     run.deferral_total_ms += delay
     run.last_deferral_cause = cause
     ledger.append(session, fence.run_id, EventKind.DEFERRED,
                   {"cause": cause, "delay_ms": delay, "detail": detail or None},
                   fence.generation)
     return enqueue_start(session, fence.run_id, run.org_id, delay_s=delay / 1000,
-                         place=run.created_at)
+                         provider=provider, place=run.created_at)
 
 
-def _publish_with_countdown(app: Any, outbox_id: str, run_id: str, countdown: float) -> None:
+def _publish_with_countdown(outbox_id: str, args: list[str], countdown: float) -> None:
     """Short waits ride a Celery countdown; if the broker is down the sweep publishes later."""
+    run_id = args[0]
     try:
-        app.send_task(TASK_START_ATTEMPT, args=[run_id], task_id=outbox_id, queue=QUEUE,
-                      countdown=countdown)
+        publisher().send(TASK_START_ATTEMPT, args, task_id=outbox_id, queue=start_queue(args),
+                         countdown=countdown)
     except Exception as exc:  # noqa: BLE001 - any broker error: the sweep publishes it
         log.warning("deferred start of run %s left to the sweep: %s", run_id, exc)
         return

@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from tasks.acquisition import starthistory
+from tasks.acquisition import ceiling, starthistory
 from tasks.acquisition.policy import THROTTLE, Policy
-from tasks.acquisition.startrate import Permit, StartRateLimiter, rules_for
+from tasks.acquisition.startrate import Permit, RateRule, StartRateLimiter, rules_for
 from tasks.observe import metrics
 from tasks.settings import Settings, get_settings
 from tasks.store.notify import redis_client
@@ -71,10 +71,24 @@ def _override(policy: Policy) -> float | None:
     return policy.starts_per_minute if policy.mode == THROTTLE else None
 
 
-def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision:
+def _rules(provider: str, policy: Policy, settings: Settings,
+           published_per_min: float | None) -> list[RateRule]:
+    """The bucket's rules, the provider rule's max held under a learned ceiling."""
+    rules = rules_for(settings, provider, _override(policy), published_per_min)
+    cap = ceiling.current(settings.redis_url, provider)
+    if cap is None:
+        return rules
+    rule = rules[0]
+    top = max(rule.floor_per_min, min(rule.max_per_min, cap))
+    rules[0] = replace(rule, max_per_min=top, initial_per_min=min(rule.initial_per_min, top))
+    return rules
+
+
+def acquire(provider: str, policy: Policy, settings: Settings,
+            published_per_min: float | None = None) -> PermitDecision:
     successes = _take(provider)
-    permit: Permit = limiter().acquire(provider, rules_for(settings, provider, _override(policy)),
-                                       observed_successes=successes)
+    rules = _rules(provider, policy, settings, published_per_min)
+    permit: Permit = limiter().acquire(provider, rules, observed_successes=successes)
     if not permit.granted or permit.degraded:
         # Only a grant in Redis applies the increase: keep the count for the next one.
         _give_back(provider, successes)
@@ -90,10 +104,21 @@ def acquire(provider: str, policy: Policy, settings: Settings) -> PermitDecision
                           permit.degraded)
 
 
-def penalize(provider: str, policy: Policy, epoch: int, settings: Settings) -> bool:
-    penalty = limiter().penalize_detail(provider, rules_for(settings, provider,
-                                                            _override(policy)),
-                                        epoch, settings.start_rate_cooldown_ms)
+def penalize(provider: str, policy: Policy, epoch: int, settings: Settings,
+             published_per_min: float | None = None, *, retry_after_s: float | None = None,
+             refused_rate: float | None = None) -> bool:
+    """Cut the rate after a pushback. retry_after_s: the server's own wait, which shortens
+    the cooldown (a fleet held past it idles while the provider would accept).
+    refused_rate: the rate of a create the provider rate-limited, which becomes the
+    fleet's ceiling (ceiling.py)."""
+    if refused_rate is not None:
+        ceiling.learn(settings.redis_url, provider, refused_rate,
+                      settings.start_rate_floor_per_min)
+    rules = _rules(provider, policy, settings, published_per_min)
+    cooldown_ms = settings.start_rate_cooldown_ms
+    if retry_after_s is not None and retry_after_s >= 0:
+        cooldown_ms = min(cooldown_ms, int(retry_after_s * 1000))
+    penalty = limiter().penalize_detail(provider, rules, epoch, cooldown_ms)
     starthistory.record_penalty(provider, penalty)
     if penalty.applied:  # other workers reporting the same epoch's pushback change nothing
         metrics.penalty(provider)

@@ -1,4 +1,4 @@
-"""Traffic policy (SPEC 4.3): an operator switch in SQL that expires by itself.
+"""Traffic policy (docs/design.md): an operator switch in SQL that expires by itself.
 
 `set_policy` refuses a bad request before it is stored; `current` checks every row
 again as it reads it, so a row written some other way (by hand, an older build)

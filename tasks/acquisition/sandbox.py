@@ -11,6 +11,7 @@ import json
 import logging
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -18,19 +19,17 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import Attempt, Run, RuntimeResource, db_now, new_id
+from tasks import protocol
 from tasks.acquisition.claim import Claimed
 from tasks.constants import (
     INPUT_FILE,
+    LABEL_FLEET,
     LABEL_GENERATION,
     LABEL_LEASE,
     LABEL_MANAGED,
     LABEL_ORG,
     LABEL_RUN,
     PLAY_FILE,
-    RUNNER_CLIENT_FILE,
-    RUNNER_FILE,
-    RUNNER_SHEETS_FILE,
-    RUNNER_STEPS_FILE,
     EventKind,
     SandboxState,
 )
@@ -44,34 +43,82 @@ from tasks.store.fence import Fence, append_if_current, hold, renew
 
 log = logging.getLogger("playrun.acquisition")
 
+# A provider-side lifetime outlasts the run's time limit by the runner's last push.
+LIFETIME_GRACE_S = 300.0
+
+
+# The runner's files: host source (under tasks/) -> its name in the sandbox, where they
+# sit flat beside each other and import each other by these names.
+RUNNER_SOURCES = {
+    "execution/runner.py": protocol.RUNNER_FILE,
+    "execution/runner_context.py": protocol.RUNNER_CONTEXT_FILE,
+    "execution/runner_client.py": protocol.RUNNER_CLIENT_FILE,
+    "execution/runner_http.py": protocol.RUNNER_HTTP_FILE,
+    "execution/runner_steps.py": protocol.RUNNER_STEPS_FILE,
+    "execution/runner_sheets.py": protocol.RUNNER_SHEETS_FILE,
+    "execution/runner_sheetrows.py": protocol.RUNNER_SHEETROWS_FILE,
+    "protocol.py": protocol.PROTOCOL_FILE,
+}
+
 
 @functools.cache  # read once per process: every sandbox gets the same bytes
-def runner_source(name: str = "runner.py") -> bytes:
-    return resources.files("tasks.execution").joinpath(name).read_bytes()
+def runner_source(path: str = "execution/runner.py") -> bytes:
+    return resources.files("tasks").joinpath(path).read_bytes()
 
 
-def labels_for(claimed: Claimed, lease_id: str | None) -> dict[str, str]:
+def runner_files() -> dict[str, bytes]:
+    """Every file of the runner, by its name in the sandbox."""
+    return {name: runner_source(path) for path, name in RUNNER_SOURCES.items()}
+
+
+def labels_for(claimed: Claimed, lease_id: str | None,
+               fleet: str = "default") -> dict[str, str]:
     labels = {
         LABEL_MANAGED: "1",
         LABEL_RUN: claimed.fence.run_id,
         LABEL_GENERATION: str(claimed.fence.generation),
         LABEL_ORG: claimed.org_id,
+        LABEL_FLEET: fleet,
     }
     if lease_id:
         labels[LABEL_LEASE] = lease_id
     return labels
 
 
-def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None) -> SandboxSpec:
+def sandbox_key(fence: Fence, earlier: int = 0) -> str:
+    """A create retried after a lost answer (or a crash before its record) finds the same
+    sandbox; `earlier` counts the attempt's recorded sandboxes, so a start tried again
+    after its sandbox was released gets a new one."""
+    suffix = f"-{earlier}" if earlier else ""
+    return f"pr-{fence.run_id.lower()}-{fence.generation}{suffix}"[:63]
+
+
+def recorded_sandboxes(fence: Fence) -> int:
+    with session_scope(durable=False) as session:
+        return int(session.scalar(sa.select(sa.func.count()).select_from(RuntimeResource).where(
+            RuntimeResource.run_id == fence.run_id,
+            RuntimeResource.generation == fence.generation)) or 0)
+
+
+def egress_for(settings: Settings) -> tuple[str, ...] | None:
+    if settings.sandbox_egress == "open" or not settings.gateway_public_url:
+        return None
+    host = urlsplit(settings.gateway_public_url).hostname
+    return (host,) if host else None
+
+
+def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None,
+             earlier: int = 0) -> SandboxSpec:
     return SandboxSpec(
-        labels=labels_for(claimed, lease_id),
+        key=sandbox_key(claimed.fence, earlier),
+        # The runner's own timeout, its supervisor's kill and a last flush come first.
+        lifetime_s=settings.run_timeout_s + LIFETIME_GRACE_S,
+        egress_hosts=egress_for(settings),
+        labels=labels_for(claimed, lease_id, settings.fleet),
         files={
             PLAY_FILE: claimed.play_source.encode(),
             INPUT_FILE: json.dumps(claimed.input).encode(),
-            RUNNER_FILE: runner_source(),
-            RUNNER_CLIENT_FILE: runner_source("runner_client.py"),
-            RUNNER_STEPS_FILE: runner_source("runner_steps.py"),
-            RUNNER_SHEETS_FILE: runner_source("runner_sheets.py"),
+            **runner_files(),
         },
         memory_mb=settings.sandbox_memory_mb,
         max_file_mb=settings.sandbox_max_file_mb,
@@ -170,4 +217,6 @@ def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:
 def create(provider: SandboxProvider, claimed: Claimed, settings: Settings,
            lease_id: str | None) -> SandboxRef:
     note_requested(claimed.fence, provider.name)
-    return provider.create(spec_for(claimed, settings, lease_id))
+    # Only a resumed attempt can have had a sandbox: a new generation skips the read.
+    earlier = recorded_sandboxes(claimed.fence) if claimed.resumed else 0
+    return provider.create(spec_for(claimed, settings, lease_id, earlier))

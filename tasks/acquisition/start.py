@@ -13,9 +13,8 @@ import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from tasks.acquisition import capacity, permits
+from tasks.acquisition import capacity, permits, placement
 from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.acquisition.deferral import defer
@@ -32,6 +31,8 @@ from tasks.store.db import driver_cursor, session_scope
 
 log = logging.getLogger("playrun.start")
 
+# A create refused for these passes the attempt to the policy's next provider.
+_FAIL_OVER = frozenset({"capacity_unavailable", "transport", "auth"})
 _PROVIDER_CAUSE = {
     "capacity_unavailable": "provider_capacity",
     "rate_limited": "provider_rate_limited",
@@ -63,13 +64,15 @@ class Opened:
     policy: traffic.Policy
     lease_id: str | None = None  # the capacity reservation, unless held or full
     full: CapacityExceededError | None = None  # the org was full (enforce mode)
+    provider_full: bool = False  # PLAYRUN_PROVIDER_MAX_LIVE sandboxes are live already
 
 
 # Transactions before launch commit without waiting for the WAL flush (durable=False): a
 # crash that loses one loses everything after it too, until the launch record, which is
 # durable and flushes them before exec. Losing them is recovered like a lost worker.
 
-def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
+def open_attempt(run_id: str, settings: Settings,
+                 routed: str | None = None) -> Opened | Skipped:
     """Claim, read the policy and reserve capacity: the run row is locked, then the org's
     capacity row (the order every capacity write takes).
 
@@ -78,7 +81,8 @@ def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
     transaction that claims, reads the policy (unless read already) and reserves.
     """
     policy: traffic.Policy | None = None
-    if settings.is_postgres:
+    # A provider pool is a second lease: the one-statement first start takes only one.
+    if settings.is_postgres and settings.provider_max_live is None:
         with driver_cursor() as cur:
             policy = traffic.current_pg(cur)
         opened = _first_start(run_id, settings, policy)
@@ -99,6 +103,11 @@ def open_attempt(run_id: str, settings: Settings) -> Opened | Skipped:
             reservation = capacity.reserve(session, claimed.fence, claimed.org_id, settings)
         except CapacityExceededError as exc:
             return Opened(claimed, policy, full=exc)
+        if settings.provider_max_live is not None and capacity.reserve_pool(
+                session, claimed.fence, pool_provider(routed, settings),
+                settings.provider_max_live,
+                settings, reservation.lease_id) is None:
+            return Opened(claimed, policy, provider_full=True)
         return Opened(claimed, policy, reservation.lease_id)
 
 
@@ -123,47 +132,142 @@ def _first_start(run_id: str, settings: Settings, policy: traffic.Policy) -> Ope
 _DEFERRED = Acquired(Step.DEFERRED)
 
 
-def acquire_sandbox(opened: Opened, settings: Settings, app: Any,
+def acquire_sandbox(opened: Opened, settings: Settings, routed: str | None = None,
                     past_permit: Callable[[], None] | None = None) -> Acquired:
-    """Raises FenceLostError when the attempt lost its fence on the way.
-
-    `past_permit` is called once the start permit is decided (the fair relay's window)."""
+    """Raises FenceLostError when the attempt lost its fence on the way. `routed`: the
+    provider the start message was placed on, if any; `past_permit` is called once a
+    start permit is decided (the fair relay's window)."""
     claimed, policy = opened.claimed, opened.policy
     fence = claimed.fence
-    provider: SandboxProvider = provider_for()
     if policy.mode == traffic.HOLD:
-        defer(fence, "hold", settings, app, detail="hold_new_sandbox_starts is in force")
+        defer(fence, "hold", settings, detail="hold_new_sandbox_starts is in force",
+              provider=routed)
         return _DEFERRED
     # Capacity first: a run that waits for its org's capacity burns no start permit.
     if opened.full is not None:
         exc = opened.full
         if settings.capacity_full == "defer":
-            defer(fence, "capacity", settings, app, detail=exc.message)
+            defer(fence, "capacity", settings, detail=exc.message, provider=routed)
             return _DEFERRED
         return Acquired(Step.FAILED, code=exc.code, error=f"{exc.code}: {exc.message}",
                         reason="capacity")
+    pooled = pool_provider(routed, settings)
+    if opened.provider_full:  # never a play failure: the provider's slots come back
+        defer(fence, "provider_capacity", settings, provider=routed,
+              detail=f"{settings.provider_max_live} {pooled} sandboxes live "
+                     "(PLAYRUN_PROVIDER_MAX_LIVE)")
+        return _DEFERRED
     lease_id = opened.lease_id
     assert lease_id is not None  # open_attempt reserved it: not held, not full
-    decision = permits.acquire(provider.name, policy, settings)
+    placed = placement.place(fence, routed) \
+        if routed is not None or len(settings.served) > 1 or settings.placement_default \
+        else None
+    if placed is None:
+        own = routed if routed in settings.served else settings.primary_provider
+        got = _create_on(provider_for(own), claimed, policy, lease_id, settings,
+                         can_fail_over=False, past_permit=past_permit)
+        assert isinstance(got, Acquired)
+        return got
+    return _create_placed(placed, pooled, claimed, policy, lease_id, settings, past_permit)
+
+
+def pool_provider(routed: str | None, settings: Settings) -> str:
+    """The provider whose PLAYRUN_PROVIDER_MAX_LIVE slot open_attempt takes."""
+    return routed if routed in settings.served and routed else settings.primary_provider
+
+
+def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
+                   policy: traffic.Policy, lease_id: str, settings: Settings,
+                   past_permit: Callable[[], None] | None) -> Acquired:
+    """Each candidate provider in turn, within this attempt and its one capacity lease."""
+    fence = claimed.fence
+    name_of = placed.policy.name
+    cause: str | None = None
+    last = len(placed.candidates) - 1
+    for index, (name, reason) in enumerate(placed.candidates):
+        why = reason if cause is None else f"fallback after {cause}"
+        if index < last and placement.circuit_open(name, settings):
+            cause = "circuit_open"
+            metrics.failover(name, cause)
+            continue
+        if name not in settings.served:
+            # Another worker serves it: the attempt waits on that provider's queue.
+            placement.record(fence, name, name_of, why)
+            defer(fence, "placement", settings, provider=name,
+                  detail=f"placed on {name}, which this worker does not serve")
+            return _DEFERRED
+        if name != pooled:
+            if not placement.move_pool(fence, pooled, name, settings):
+                defer(fence, "provider_capacity", settings, provider=name,
+                      detail=f"{settings.provider_max_live} {name} sandboxes live "
+                             "(PLAYRUN_PROVIDER_MAX_LIVE)")
+                return _DEFERRED
+            pooled = name
+        placement.record(fence, name, name_of, why)
+        provider = provider_for(name)
+        got = _create_on(provider, claimed, policy, lease_id, settings,
+                         can_fail_over=index < last, resume_on=placed.candidates[0][0],
+                         past_permit=past_permit)
+        if isinstance(got, Acquired):
+            return got
+        try:
+            # A create whose answer was lost may have made a sandbox: gone before the next.
+            placement.clean_up(provider, fence)
+        except ProviderError as exc:
+            defer(fence, "transport", settings, provider=name,
+                  detail=f"cannot confirm no {name} sandbox is left: {str(exc)[:150]}")
+            return _DEFERRED
+        cause = got
+        metrics.failover(name, cause)
+    raise AssertionError("the last candidate never fails over")
+
+
+def _create_on(provider: SandboxProvider, claimed: Claimed, policy: traffic.Policy,
+               lease_id: str, settings: Settings, *, can_fail_over: bool,
+               resume_on: str | None = None,
+               past_permit: Callable[[], None] | None = None) -> Acquired | str:
+    """Permit and create on one provider: the Acquired step, or the cause (an error kind)
+    to fail over for. A rate limit defers on this provider; a refusal of the last
+    candidate defers the attempt to `resume_on` (the first) for a later full pass."""
+    fence = claimed.fence
+    placed = resume_on is not None or can_fail_over
+    here = provider.name if placed else None
+    published = getattr(provider, "create_rate_per_min", None)
+    decision = permits.acquire(provider.name, policy, settings, published)
     if past_permit is not None:
         past_permit()
     if decision.granted:
         metrics.start(claimed.org_id)
     else:
-        defer(fence, "throttle", settings, app, at_least_ms=decision.wait_ms,
+        defer(fence, "throttle", settings, at_least_ms=decision.wait_ms, provider=here,
               detail=f"start rate {decision.rate:g}/min")
         return _DEFERRED
     try:
         ref = create(provider, claimed, settings, lease_id)
     except ProviderError as exc:
+        metrics.provider_create(provider.name, exc.kind)
+        if exc.kind in ("transport", "auth"):
+            placement.note_failure(provider.name, settings)
         cause = _PROVIDER_CAUSE.get(exc.kind)
+        if cause != "transport" and cause is not None:
+            # Its own bucket learns; the next provider's does not.
+            permits.penalize(provider.name, policy, decision.epoch, settings, published,
+                             retry_after_s=exc.retry_after_s,
+                             refused_rate=decision.rate if exc.kind == "rate_limited" else None)
+        if can_fail_over and exc.kind in _FAIL_OVER:
+            return exc.kind
         if cause is None:
             return Acquired(Step.FAILED, code=SANDBOX_START_FAILED, error=str(exc),
                             reason="start_failed")
-        if cause != "transport":
-            permits.penalize(provider.name, policy, decision.epoch, settings)
-        defer(fence, cause, settings, app, detail=str(exc)[:200])  # type: ignore[arg-type]
+        # The server's own Retry-After is a floor: asking sooner only earns another refusal.
+        floor_ms = int(min(exc.retry_after_s or 0.0, settings.deferral_max_ms / 1000) * 1000)
+        again = here if exc.kind == "rate_limited" or not placed else resume_on
+        defer(fence, cause, settings, detail=str(exc)[:200],  # type: ignore[arg-type]
+              at_least_ms=floor_ms, provider=again)
         return _DEFERRED
+    metrics.provider_create(provider.name, "ok")
+    if placed:
+        placement.note_success(provider.name)
     permits.accepted(provider.name)  # the adaptive rate grows on real starts only
     # The launch records the sandbox live and promotes the lease, in its own transaction.
     return Acquired(Step.LIVE, ref=ref, lease_id=lease_id)

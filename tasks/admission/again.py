@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from models import Run
+from tasks.admission.rows import conflict, same_json
 from tasks.admission.submit import Admitted, enqueue_start
 from tasks.constants import EventKind, RunStatus
 from tasks.errors import RunNotFoundError
@@ -28,10 +29,13 @@ def admit_again(run_id: str, idempotency_key: str | None) -> Admitted:
             if old is None:
                 raise RunNotFoundError(f"no run with id {run_id}")
             if idempotency_key is not None:
-                found = session.scalar(sa.select(Run.id).where(
-                    Run.org_id == old.org_id, Run.idempotency_key == idempotency_key))
-                if found is not None:
-                    return Admitted(found, created=False, outbox_id=None)
+                earlier = session.scalars(sa.select(Run).where(
+                    Run.org_id == old.org_id, Run.idempotency_key == idempotency_key)).first()
+                if earlier is not None:
+                    if earlier.play_digest != old.play_digest or not same_json(earlier.input,
+                                                                               old.input):
+                        raise conflict(earlier.id, idempotency_key)
+                    return Admitted(earlier.id, created=False, outbox_id=None)
             run = Run(org_id=old.org_id, play_path=old.play_path, play_digest=old.play_digest,
                       idempotency_key=idempotency_key, input=old.input, status=RunStatus.QUEUED,
                       current_generation=0, deferral_count=0, deferral_total_ms=0)

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import sqlalchemy.orm
 
 from models import Outbox, Run, db_now
-from tasks.admission.broker import Message, oldest_waiting, send_tasks
+from tasks.broker.publish import Message, publisher
 
 __all__ = ["Message", "publish", "publish_admitted", "publish_due", "resend_stale", "unmark"]
 from tasks.constants import RunStatus
@@ -29,11 +29,11 @@ log = logging.getLogger("playrun.relay")
 
 
 
-def publish(app: Any, messages: Sequence[Message]) -> bool:
+def publish(messages: Sequence[Message]) -> bool:
     """Send every message in one pipeline; False on any broker error (nothing is lost:
     the caller un-marks the rows for the sweep)."""
     try:
-        send_tasks(app, messages)
+        publisher().send_many(messages)
     except Exception as exc:  # noqa: BLE001 - any broker error: the sweep tries again
         log.warning("%d start message(s) left to the sweep: %s", len(messages), exc)
         return False
@@ -50,15 +50,15 @@ def unmark(ids: Sequence[str]) -> None:
         log.warning("outbox rows not un-marked (%s); the resend will publish them", exc)
 
 
-def publish_admitted(app: Any, messages: Sequence[Message]) -> bool:
+def publish_admitted(messages: Sequence[Message]) -> bool:
     """Right after admission commits: its rows were written already marked sent."""
-    if publish(app, messages):
+    if publish(messages):
         return True
     unmark([task_id for task_id, _, _ in messages])
     return False
 
 
-def _claim_and_publish(app: Any, chosen: sa.Select[Any]) -> int:
+def _claim_and_publish(chosen: sa.Select[Any]) -> int:
     """Mark the chosen rows sent (one UPDATE ... RETURNING), commit, then publish."""
     with session_scope() as session:
         if is_postgres(session):
@@ -70,13 +70,13 @@ def _claim_and_publish(app: Any, chosen: sa.Select[Any]) -> int:
         ).all()
     messages = [(row.id, row.task_name, list(row.args))
                 for row in sorted(claimed, key=lambda r: r.available_at)]
-    if publish(app, messages):
+    if publish(messages):
         return len(messages)
     unmark([m[0] for m in messages])
     return 0
 
 
-def publish_due(app: Any, *, ids: Sequence[str] | None = None, limit: int = 200,
+def publish_due(*, ids: Sequence[str] | None = None, limit: int = 200,
                 without_org: bool = False) -> int:
     """Publish up to `limit` unsent rows that are due; returns how many were published.
 
@@ -89,7 +89,7 @@ def publish_due(app: Any, *, ids: Sequence[str] | None = None, limit: int = 200,
         stmt = stmt.where(Outbox.org_id.is_(None))
     if ids is not None:
         stmt = stmt.where(Outbox.id.in_(list(ids)))
-    return _claim_and_publish(app, stmt)
+    return _claim_and_publish(stmt)
 
 
 def _requeue(chosen: sa.Select[Any]) -> int:
@@ -103,7 +103,7 @@ def _requeue(chosen: sa.Select[Any]) -> int:
             .values(sent_at=None).returning(Outbox.id)).all())
 
 
-def resend_stale(app: Any, *, after_s: float, limit: int = 200, requeue: bool = False) -> int:
+def resend_stale(*, after_s: float, limit: int = 200, requeue: bool = False) -> int:
     """Re-publish the start of runs still queued long after it was sent.
 
     A broker that lost its messages (a Redis restart) must not strand a run, nor may a
@@ -134,12 +134,12 @@ def resend_stale(app: Any, *, after_s: float, limit: int = 200, requeue: bool = 
         .order_by(Run.created_at)
         .limit(limit)
     )
-    oldest = oldest_waiting(app)
+    oldest = publisher().oldest_waiting()
     if oldest is not None:  # unknown to this database (another's message): no bound
         waiting = sa.orm.aliased(Outbox)  # not the outer row: no correlation
         waiting_since = sa.select(waiting.sent_at).where(waiting.id == oldest) \
             .scalar_subquery()
         stmt = stmt.where(Outbox.sent_at < sa.func.coalesce(waiting_since, db_now()))
     if requeue:
-        return _requeue(stmt) + _claim_and_publish(app, stmt.where(Outbox.org_id.is_(None)))
-    return _claim_and_publish(app, stmt)
+        return _requeue(stmt) + _claim_and_publish(stmt.where(Outbox.org_id.is_(None)))
+    return _claim_and_publish(stmt)

@@ -6,7 +6,9 @@ rows (the statement text does not grow with the batch, so its plan is reused). O
 SQLite, which has no data-modifying CTEs, four multi-row INSERTs do the same in the
 caller's BEGIN IMMEDIATE transaction. On PostgreSQL the caller may run the write in
 autocommit: a single statement is a transaction of its own. A key already used by the
-org inserts nothing (ON CONFLICT DO NOTHING); its earlier run is looked up afterwards.
+org inserts nothing (ON CONFLICT DO NOTHING); its earlier run is looked up afterwards,
+and if that run had another play or input the key is an IDEMPOTENCY_CONFLICT. A batch
+with such a key writes none of its runs (the statement checks before it inserts).
 
 One run (submit_run) has its own statement of plain values: no arrays to adapt and
 unnest, a third less work for PostgreSQL than the batch statement. On PostgreSQL a
@@ -29,8 +31,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from models import Outbox, PlayBundle, Run, RunEvent, db_now, new_id
+from tasks.admission.placement import Policy, first_provider
 from tasks.admission.validate import PlaySource
 from tasks.constants import TASK_START_ATTEMPT, EventKind, RunStatus
+from tasks.errors import IdempotencyConflictError
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class NewRun:
     idempotency_key: str | None
     input: Any
     play: PlaySource
+    policy: Policy | None = None  # placement (tasks/admission/placement.py)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,12 @@ class Written:
     run_id: str
     created: bool
     outbox_id: str | None
+    provider: str | None = None  # where its first start is placed
+
+
+def start_args(run_id: str, provider: str | None) -> list[str]:
+    """A start message's arguments: a placed start names its provider (its queue)."""
+    return [run_id] if provider is None else [run_id, provider]
 
 
 def _event_data(item: NewRun) -> dict[str, Any]:
@@ -59,6 +70,25 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """JSON equality as PostgreSQL's jsonb has it: numbers by value, booleans apart."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def conflict(run_id: str, key: str | None) -> IdempotencyConflictError:
+    return IdempotencyConflictError(
+        f"the idempotency key {key!r} names run {run_id}, submitted with another play or "
+        "input", run_id=run_id)
+
+
 # The statement sets sent_at at insert when the admitting process publishes right after
 # commit (handed_off): no second transaction to mark it. If that process dies before it
 # publishes, the sweep's resend of long-queued runs picks the row up (relay.resend_stale).
@@ -66,17 +96,25 @@ _PG_WRITE = f"""
 WITH items AS (
     SELECT * FROM unnest(%(id)s::varchar[], %(org)s::varchar[], %(path)s::varchar[],
                          %(digest)s::varchar[], %(key)s::varchar[], %(input)s::jsonb[],
-                         %(event)s::jsonb[], %(outbox)s::varchar[])
-        AS t(id, org_id, play_path, play_digest, idempotency_key, input, event, outbox_id)
+                         %(event)s::jsonb[], %(outbox)s::varchar[], %(placement)s::varchar[],
+                         %(provider)s::varchar[])
+        AS t(id, org_id, play_path, play_digest, idempotency_key, input, event, outbox_id,
+             placement, provider)
 ), bundles AS (
     INSERT INTO play_bundles (digest, source, size)
     SELECT * FROM unnest(%(b_digest)s::varchar[], %(b_source)s::text[], %(b_size)s::int[])
     ON CONFLICT (digest) DO NOTHING
+), conflicted AS (
+    SELECT 1 FROM items JOIN runs r
+      ON r.org_id = items.org_id AND r.idempotency_key = items.idempotency_key
+    WHERE r.input IS DISTINCT FROM items.input OR r.play_digest <> items.play_digest
+    LIMIT 1
 ), inserted AS (
     INSERT INTO runs (id, org_id, play_path, play_digest, idempotency_key, input, status,
-                      current_generation, deferral_count, deferral_total_ms)
-    SELECT id, org_id, play_path, play_digest, idempotency_key, input, '{RunStatus.QUEUED}', 0, 0, 0
-    FROM items
+                      current_generation, deferral_count, deferral_total_ms, placement)
+    SELECT id, org_id, play_path, play_digest, idempotency_key, input, '{RunStatus.QUEUED}',
+           0, 0, 0, placement
+    FROM items WHERE NOT EXISTS (SELECT 1 FROM conflicted)
     ON CONFLICT (org_id, idempotency_key) DO NOTHING
     RETURNING id
 ), events AS (
@@ -84,7 +122,9 @@ WITH items AS (
     SELECT items.id, '{EventKind.ADMITTED}', items.event FROM items JOIN inserted USING (id)
 ), outbox_rows AS (
     INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count, org_id, place)
-    SELECT items.outbox_id, items.id, '{TASK_START_ATTEMPT}', jsonb_build_array(items.id),
+    SELECT items.outbox_id, items.id, '{TASK_START_ATTEMPT}',
+           CASE WHEN items.provider IS NULL THEN jsonb_build_array(items.id)
+                ELSE jsonb_build_array(items.id, items.provider) END,
            CASE WHEN %(handed_off)s THEN clock_timestamp() END,
            CASE WHEN %(handed_off)s THEN 1 ELSE 0 END, items.org_id, clock_timestamp()
     FROM items JOIN inserted USING (id)
@@ -103,9 +143,9 @@ _PG_BUNDLE = """
 _PG_WRITE_ONE = f"""
 WITH inserted AS (
     INSERT INTO runs (id, org_id, play_path, play_digest, idempotency_key, input, status,
-                      current_generation, deferral_count, deferral_total_ms)
+                      current_generation, deferral_count, deferral_total_ms, placement)
     VALUES (%(id)s, %(org)s, %(path)s, %(digest)s, %(key)s, %(input)s::jsonb, '{RunStatus.QUEUED}',
-            0, 0, 0)
+            0, 0, 0, %(placement)s)
     ON CONFLICT (org_id, idempotency_key) DO NOTHING
     RETURNING id{{bundle}}
 ), events AS (
@@ -113,7 +153,7 @@ WITH inserted AS (
     SELECT id, '{EventKind.ADMITTED}', %(event)s::jsonb FROM inserted
 ), outbox_rows AS (
     INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count, org_id, place)
-    SELECT %(outbox)s, id, '{TASK_START_ATTEMPT}', jsonb_build_array(id),
+    SELECT %(outbox)s, id, '{TASK_START_ATTEMPT}', %(args)s::jsonb,
            CASE WHEN %(handed_off)s THEN clock_timestamp() END,
            CASE WHEN %(handed_off)s THEN 1 ELSE 0 END, %(org)s, clock_timestamp()
     FROM inserted
@@ -123,8 +163,11 @@ SELECT id FROM inserted
 _PG_ONE = {True: _PG_WRITE_ONE.format(bundle=_PG_BUNDLE), False: _PG_WRITE_ONE.format(bundle="")}
 
 _PG_EXISTING = """
-SELECT r.org_id, r.idempotency_key, r.id FROM runs r
-JOIN unnest(%(org)s::varchar[], %(key)s::varchar[]) AS k(org_id, idempotency_key)
+SELECT r.org_id, r.idempotency_key, r.id,
+       r.input IS NOT DISTINCT FROM k.input AND r.play_digest = k.digest
+FROM runs r
+JOIN unnest(%(org)s::varchar[], %(key)s::varchar[], %(input)s::jsonb[], %(digest)s::varchar[])
+  AS k(org_id, idempotency_key, input, digest)
   ON r.org_id = k.org_id AND r.idempotency_key = k.idempotency_key
 """
 
@@ -134,7 +177,8 @@ def _bundles(items: Sequence[NewRun]) -> dict[str, PlaySource]:
 
 
 def _write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], ids: list[str],
-              outbox_ids: list[str], handed_off: bool, known: AbstractSet[str]) -> set[str]:
+              outbox_ids: list[str], placed: list[str | None], handed_off: bool,
+              known: AbstractSet[str]) -> set[str]:
     bundles = [b for b in _bundles(items).values() if b.digest not in known]
     if len(items) == 1:
         item = items[0]
@@ -143,6 +187,8 @@ def _write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], ids: list[str],
             "digest": item.play.digest, "key": item.idempotency_key,
             "input": _dumps(item.input), "event": _dumps(_event_data(item)),
             "outbox": outbox_ids[0], "handed_off": handed_off,
+            "placement": item.policy.name if item.policy else None,
+            "args": _dumps(start_args(ids[0], placed[0])),
         }
         if bundles:
             params.update(b_digest=item.play.digest, b_source=item.play.source,
@@ -155,6 +201,7 @@ def _write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], ids: list[str],
         "key": [i.idempotency_key for i in items],
         "input": [_dumps(i.input) for i in items],
         "event": [_dumps(_event_data(i)) for i in items], "outbox": outbox_ids,
+        "placement": [i.policy.name if i.policy else None for i in items], "provider": placed,
         "b_digest": [b.digest for b in bundles], "b_source": [b.source for b in bundles],
         "b_size": [len(b.source.encode()) for b in bundles], "handed_off": handed_off,
     }
@@ -167,7 +214,8 @@ _SQLITE_CHUNK = 500
 
 
 def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
-                  outbox_ids: list[str], handed_off: bool) -> set[str]:
+                  outbox_ids: list[str], placed: list[str | None],
+                  handed_off: bool) -> set[str]:
     # Every bundle: a local INSERT in the same transaction, nothing to save.
     conn.execute(sqlite_insert(PlayBundle).on_conflict_do_nothing(index_elements=["digest"]),
                     [{"digest": b.digest, "source": b.source, "size": len(b.source.encode())}
@@ -176,7 +224,8 @@ def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
     rows = [{"id": run_id, "org_id": item.org_id, "play_path": item.play.path,
              "play_digest": item.play.digest, "idempotency_key": item.idempotency_key,
              "input": item.input, "status": RunStatus.QUEUED, "current_generation": 0,
-             "deferral_count": 0, "deferral_total_ms": 0}
+             "deferral_count": 0, "deferral_total_ms": 0,
+             "placement": item.policy.name if item.policy else None}
             for item, run_id in zip(items, ids, strict=True)]
     for start in range(0, len(rows), _SQLITE_CHUNK):
         # RETURNING names only the rows ON CONFLICT let through.
@@ -184,42 +233,54 @@ def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
             sqlite_insert(Run).values(rows[start:start + _SQLITE_CHUNK])
             .on_conflict_do_nothing(index_elements=["org_id", "idempotency_key"])
             .returning(Run.id)))
-    new = [(item, run_id, outbox_id)
-           for item, run_id, outbox_id in zip(items, ids, outbox_ids, strict=True)
+    new = [(item, run_id, outbox_id, provider)
+           for item, run_id, outbox_id, provider in zip(items, ids, outbox_ids, placed,
+                                                        strict=True)
            if run_id in inserted]
     if new:
         conn.execute(sa.insert(RunEvent), [
             {"run_id": run_id, "kind": EventKind.ADMITTED, "data": _event_data(item)}
-            for item, run_id, _ in new])
+            for item, run_id, _, _ in new])
         conn.execute(sa.insert(Outbox).values(sent_at=db_now() if handed_off else None,
                                               place=db_now()), [
             {"id": outbox_id, "run_id": run_id, "task_name": TASK_START_ATTEMPT,
-             "args": [run_id], "publish_count": 1 if handed_off else 0,
+             "args": start_args(run_id, provider), "publish_count": 1 if handed_off else 0,
              "org_id": item.org_id}
-            for item, run_id, outbox_id in new])
+            for item, run_id, outbox_id, provider in new])
     return inserted
 
 
 def _existing_pg(cur: psycopg.Cursor[Any],
-                 pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    if not pairs:
+                 items: list[NewRun]) -> dict[tuple[str, str], tuple[str, bool]]:
+    if not items:
         return {}
-    cur.execute(_PG_EXISTING, {"org": [o for o, _ in pairs], "key": [k for _, k in pairs]})
-    return {(org, key): run_id for org, key, run_id in cur.fetchall()}
+    cur.execute(_PG_EXISTING, {"org": [i.org_id for i in items],
+                               "key": [i.idempotency_key for i in items],
+                               "input": [_dumps(i.input) for i in items],
+                               "digest": [i.play.digest for i in items]})
+    return {(org, key): (run_id, same) for org, key, run_id, same in cur.fetchall()}
 
 
 def _existing_sqlite(conn: sa.Connection,
-                     pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    if not pairs:
+                     items: list[NewRun]) -> dict[tuple[str, str], tuple[str, bool]]:
+    if not items:
         return {}
-    rows = conn.execute(sa.select(Run.org_id, Run.idempotency_key, Run.id).where(
-        sa.tuple_(Run.org_id, Run.idempotency_key).in_(pairs)))
-    return {(org, str(key)): run_id for org, key, run_id in rows}
+    wanted = {(i.org_id, i.idempotency_key or ""): i for i in items}
+    rows = conn.execute(sa.select(Run.org_id, Run.idempotency_key, Run.id, Run.input,
+                                  Run.play_digest).where(
+        sa.tuple_(Run.org_id, Run.idempotency_key).in_(list(wanted))))
+    found = {}
+    for org, key, run_id, stored, digest in rows:
+        item = wanted[(org, str(key))]
+        found[(org, str(key))] = (run_id, digest == item.play.digest
+                                  and same_json(stored, item.input))
+    return found
 
 
-# (ordered items, run ids, outbox ids) -> the run ids inserted; (org, key) pairs -> runs.
-_Insert = Callable[[list[NewRun], list[str], list[str]], set[str]]
-_Existing = Callable[[list[tuple[str, str]]], dict[tuple[str, str], str]]
+# (ordered items, run ids, outbox ids, placed providers) -> the run ids inserted; items
+# with a key -> (org, key) -> (their earlier run, whether it had the same play and input).
+_Insert = Callable[[list[NewRun], list[str], list[str], list[str | None]], set[str]]
+_Existing = Callable[[list[NewRun]], dict[tuple[str, str], tuple[str, bool]]]
 
 
 def write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], *, handed_off: bool,
@@ -227,14 +288,14 @@ def write_pg(cur: psycopg.Cursor[Any], items: Sequence[NewRun], *, handed_off: b
     """`write` on PostgreSQL, on a cursor in autocommit (tasks.store.db.driver_cursor): one
     statement, one transaction. `known`: digests of bundles committed in this database
     already (not sent again)."""
-    return _write(items, lambda o, i, b: _write_pg(cur, o, i, b, handed_off, known),
+    return _write(items, lambda o, i, b, p: _write_pg(cur, o, i, b, p, handed_off, known),
                   lambda pairs: _existing_pg(cur, pairs))
 
 
 def write_sqlite(conn: sa.Connection, items: Sequence[NewRun], *,
                  handed_off: bool) -> list[Written]:
     """`write` on SQLite, in the caller's BEGIN IMMEDIATE transaction."""
-    return _write(items, lambda o, i, b: _write_sqlite(conn, o, i, b, handed_off),
+    return _write(items, lambda o, i, b, p: _write_sqlite(conn, o, i, b, p, handed_off),
                   lambda pairs: _existing_sqlite(conn, pairs))
 
 
@@ -249,17 +310,25 @@ def _write(items: Sequence[NewRun], insert: _Insert, existing: _Existing) -> lis
     ordered = [items[i] for i in order]
     ids = [new_id() for _ in ordered]
     outbox_ids = [str(uuid.uuid4()) for _ in ordered]
-    inserted = insert(ordered, ids, outbox_ids)
-    missing = [(item.org_id, item.idempotency_key) for item, run_id in zip(ordered, ids,
-                                                                            strict=True)
+    placed = [first_provider(item.policy, run_id) if item.policy else None
+              for item, run_id in zip(ordered, ids, strict=True)]
+    inserted = insert(ordered, ids, outbox_ids, placed)
+    missing = [(pos, item) for pos, item, run_id in zip(order, ordered, ids, strict=True)
                if run_id not in inserted and item.idempotency_key is not None]
-    earlier = existing(missing)
+    earlier = existing([item for _, item in missing])
+    for pos, item in missing:  # the batch's first conflict in (org, key) order refuses it
+        run_id, same = earlier.get((item.org_id, item.idempotency_key or ""), ("", True))
+        if not same:
+            exc = conflict(run_id, item.idempotency_key)
+            exc.item = pos
+            raise exc
     out: list[Written | None] = [None] * len(items)
-    for pos, item, run_id, outbox_id in zip(order, ordered, ids, outbox_ids, strict=True):
+    for pos, item, run_id, outbox_id, provider in zip(order, ordered, ids, outbox_ids, placed,
+                                                      strict=True):
         if run_id in inserted:
-            out[pos] = Written(run_id, True, outbox_id)
+            out[pos] = Written(run_id, True, outbox_id, provider)
             continue
-        found = earlier.get((item.org_id, item.idempotency_key or ""))
+        found, _same = earlier.get((item.org_id, item.idempotency_key or ""), (None, True))
         if found is None:
             # Only a concurrent batch still in flight can cause this: the caller retries.
             raise sa.exc.IntegrityError("admission", None, Exception(

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from models import Outbox, db_now
-from tasks.admission import rows
+from tasks.admission import placement, rows
 from tasks.admission.validate import PlaySource, check_input, load_play
 from tasks.constants import MAX_SUBMIT_BATCH, TASK_START_ATTEMPT
 from tasks.errors import InputInvalidError, PlayrunError
@@ -31,7 +31,7 @@ from tasks.store.db import driver_cursor, get_engine
 
 log = logging.getLogger("playrun.admission")
 
-_ITEM_KEYS = frozenset({"play", "input", "org_id", "idempotency_key"})
+_ITEM_KEYS = frozenset({"play", "input", "org_id", "idempotency_key", "placement"})
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class RunRequest:
     org_id: str
     input: Any = None
     idempotency_key: str | None = None
+    placement: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,19 @@ class Admitted:
     run_id: str
     created: bool
     outbox_id: str | None
+    provider: str | None = None  # the queue its start went to, when placed
 
 
 def enqueue_start(session: Session, run_id: str, org_id: str, *, delay_s: float = 0.0,
-                  place: datetime | None = None) -> str:
-    """Add a start_attempt outbox row (published after commit, or by the sweep when due).
-
-    `place` is the run's place in its org's line for the fair relay: its admission time,
-    so a deferred start comes back where it was (now when not given)."""
+                  provider: str | None = None, place: datetime | None = None) -> str:
+    """Add a start_attempt outbox row (published after commit, or by the sweep when due);
+    a start placed on a provider goes to its queue. `place` is the run's place in its
+    org's line for the fair relay: its admission time, so a deferred start comes back
+    where it was (now when not given)."""
     outbox_id = str(uuid.uuid4())
     session.add(Outbox(
-        id=outbox_id, run_id=run_id, task_name=TASK_START_ATTEMPT, args=[run_id],
+        id=outbox_id, run_id=run_id, task_name=TASK_START_ATTEMPT,
+        args=rows.start_args(run_id, provider),
         available_at=db_now(delay_s), org_id=org_id,
         place=place if place is not None else db_now(),
     ))
@@ -67,7 +70,7 @@ def enqueue_start(session: Session, run_id: str, org_id: str, *, delay_s: float 
 
 
 def _check(play: Any, input: Any, org_id: Any, idempotency_key: Any,
-           plays: dict[Any, PlaySource]) -> rows.NewRun:
+           plays: dict[Any, PlaySource], placement_name: Any = None) -> rows.NewRun:
     """submit_run's checks, in its order; a play path read once per batch."""
     org = check_org_id(org_id)
     key = check_idempotency_key(idempotency_key)
@@ -78,13 +81,14 @@ def _check(play: Any, input: Any, org_id: Any, idempotency_key: Any,
         bundle = load_play(play)
         if cache_key is not None:
             plays[cache_key] = bundle
-    return rows.NewRun(org, key, value, bundle)
+    return rows.NewRun(org, key, value, bundle, placement.resolve(org, placement_name))
 
 
 def _check_item(index: int, item: Any, plays: dict[Any, PlaySource]) -> rows.NewRun:
     try:
         if isinstance(item, RunRequest):
-            return _check(item.play, item.input, item.org_id, item.idempotency_key, plays)
+            return _check(item.play, item.input, item.org_id, item.idempotency_key, plays,
+                          item.placement)
         if not isinstance(item, Mapping):
             raise InputInvalidError(f"must be a RunRequest or a dict, not {type(item).__name__}")
         unknown = [k for k in item if k not in _ITEM_KEYS]
@@ -95,7 +99,7 @@ def _check_item(index: int, item: Any, plays: dict[Any, PlaySource]) -> rows.New
             if required not in item:
                 raise InputInvalidError(f"needs {required!r}")
         return _check(item["play"], item.get("input"), item["org_id"],
-                      item.get("idempotency_key"), plays)
+                      item.get("idempotency_key"), plays, item.get("placement"))
     except PlayrunError as exc:
         refused = type(exc)(f"submit_runs item {index}: {exc.message}")
         refused.item = index
@@ -144,6 +148,10 @@ def _forget(engine: sa.Engine, items: Sequence[rows.NewRun]) -> bool:
     return bool(known)
 
 
+def _same_request(a: rows.NewRun, b: rows.NewRun) -> bool:
+    return a.play.digest == b.play.digest and rows.same_json(a.input, b.input)
+
+
 def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted]:
     # A key repeated inside the batch maps to its first occurrence: written once.
     first: dict[tuple[str, str], int] = {}
@@ -158,6 +166,9 @@ def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted
         if pair not in first:
             first[pair] = len(unique)
             unique.append(item)
+        elif not _same_request(unique[first[pair]], item):
+            raise InputInvalidError(f"the idempotency key {item.idempotency_key!r} is given "
+                                    "twice in the batch with another play or input")
         slot.append(first[pair])
     engine = get_engine()
     if engine.dialect.name == "postgresql":
@@ -175,7 +186,7 @@ def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted
     for s in slot:
         w = written[s]
         out.append(Admitted(w.run_id, w.created and s not in seen,
-                            w.outbox_id if s not in seen else None))
+                            w.outbox_id if s not in seen else None, w.provider))
         seen.add(s)
     return out
 
@@ -201,9 +212,9 @@ def write_admitted(items: Sequence[rows.NewRun], *, handed_off: bool) -> list[Ad
 
 
 def admit(play: str | Path, input: Any, org_id: str, idempotency_key: str | None, *,
-          handed_off: bool = False) -> Admitted:
+          handed_off: bool = False, placement: str | None = None) -> Admitted:
     """Validate one run (tasks.admission.validate), then write it in one transaction."""
-    item = _check(play, input, org_id, idempotency_key, {})
+    item = _check(play, input, org_id, idempotency_key, {}, placement)
     return write_admitted([item], handed_off=handed_off)[0]
 
 

@@ -8,13 +8,12 @@ checks and its metrics signals through `include`, before it reads its steps.
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery import Celery
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 from tasks.broker import taskrepr  # noqa: F401  (its publish hook redacts what Flower shows)
-from tasks.constants import QUEUE
+from tasks.broker.message import provider_queue as provider_queue  # re-exported
+from tasks.broker.message import start_queue as start_queue  # re-exported
 
 # Imported by workers and beat only; app code that just submits never loads them.
 WORKER_MODULES = ("tasks.worker.boot", "tasks.worker.jobs", "tasks.worker.signals")
@@ -30,10 +29,6 @@ def create_app(config: str | object = "celeryconfig") -> Celery:
 def queue(name: str) -> Queue:
     """A direct queue by name (the default one, or a host's own queue)."""
     return Queue(name, Exchange(name, type="direct"), routing_key=name)  # type: ignore[no-untyped-call]
-
-
-def send(name: str, args: list[Any], queue_name: str = QUEUE) -> None:
-    app.send_task(name, args=args, queue=queue(queue_name), ignore_result=True)
 
 
 app = create_app()

@@ -26,7 +26,7 @@ from tasks.constants import (
 HIDDEN = None
 # Argument names by position; HIDDEN ones are left out of what is shown.
 _SHOWN: dict[str, tuple[str | None, ...]] = {
-    TASK_START_ATTEMPT: ("run_id",),
+    TASK_START_ATTEMPT: ("run_id", "provider"),
     TASK_RELEASE_ATTEMPT: ("run_id", "generation", HIDDEN),
     TASK_INSPECT_ATTEMPT: ("run_id", "generation", HIDDEN),
     TASK_CANCEL_ATTEMPT: ("run_id",),

@@ -81,8 +81,11 @@ def _seconds(start: datetime, end: datetime | None) -> str:
     return "" if end is None else f" ({(end - start).total_seconds():.2f} s)"
 
 
-def timeline(view: Any, events: Sequence[Event]) -> list[str]:
-    """`playrun show`: the run, its attempts, then its ledger with offsets from admission."""
+def timeline(view: Any, events: Sequence[Event] | None) -> list[str]:
+    """`playrun show`: the run, its attempts, then (unless events is None) its ledger with
+    offsets from admission."""
+    from tasks.cli.tracebacks import error_lines
+
     lines = [f"run [bold]{view.id}[/bold]  org {escape(view.org_id)}  play "
              f"{escape(view.play_path)}",
              f"  status [bold]{view.status}[/bold]"
@@ -90,7 +93,9 @@ def timeline(view: Any, events: Sequence[Event]) -> list[str]:
              + f"  created {utc_iso(view.created_at)}  finished {utc_iso(view.finished_at)}"
              + _seconds(view.created_at, view.finished_at)]
     if view.error:
-        lines.append(f"  error {escape(' '.join(str(view.error).split()))}")
+        first, *more = error_lines(str(view.error), view.play_path) or [""]
+        lines.append(f"  error {escape(first)}")
+        lines.extend(f"    {escape(line)}" for line in more)
     if view.output is not None:
         lines.append(f"  output {escape(json.dumps(view.output, default=str))}")
     if view.deferral_count:
@@ -104,6 +109,8 @@ def timeline(view: Any, events: Sequence[Event]) -> list[str]:
         lines.append(f"  #{a.generation} {a.state}  sandbox {a.sandbox_id or '-'}  started "
                      f"{utc_iso(a.started_at)}  ended {utc_iso(a.ended_at)}"
                      f"{_seconds(a.started_at, a.ended_at)}{beat}{due}")
+    if events is None:
+        return lines
     lines.append("ledger")
     for e in events:
         offset = (e.at - view.created_at).total_seconds()
@@ -112,18 +119,18 @@ def timeline(view: Any, events: Sequence[Event]) -> list[str]:
 
 
 def iso_or_none(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
+    return utc_iso(value) if value is not None else None
 
 
 def view_dict(view: Any) -> dict[str, Any]:
     """A run view as the JSON of `show --json` and `cancel`."""
     return {
         "id": view.id, "org_id": view.org_id, "status": view.status, "code": view.code,
-        "error": view.error, "output": view.output, "created_at": view.created_at.isoformat(),
-        "finished_at": view.finished_at.isoformat() if view.finished_at else None,
+        "error": view.error, "output": view.output, "created_at": utc_iso(view.created_at),
+        "finished_at": iso_or_none(view.finished_at),
         "attempts": [{"generation": a.generation, "state": a.state, "sandbox_id": a.sandbox_id,
-                      "started_at": a.started_at.isoformat(),
-                      "ended_at": a.ended_at.isoformat() if a.ended_at else None,
+                      "started_at": utc_iso(a.started_at),
+                      "ended_at": iso_or_none(a.ended_at),
                       "last_heartbeat_at": iso_or_none(a.last_heartbeat_at),
                       "heartbeat_deadline": iso_or_none(a.heartbeat_deadline)}
                      for a in view.attempts],

@@ -1,8 +1,7 @@
 """`playrun runs`: the run listing of the CLI, filtered like the dashboard's.
 
-Run ids are never cut, whatever the terminal's width: the id column keeps its 32
-characters and the other columns wrap or shorten instead, so an id can always be
-copied into `playrun show`.
+On a terminal the table fits its width: ids are their first 12 characters (`show` and
+`cancel` take a unique prefix) and times are relative; piped, every id and time is whole.
 """
 
 from __future__ import annotations
@@ -12,17 +11,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 import tasks
+from tasks.cli.output import utc_iso
+from tasks.cli.tables import Column, Table, ago, short_id, show
 from tasks.parse.checks import parse_count
 from tasks.parse.query import parse_moment
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+    return utc_iso(value) if value is not None else None
 
 
 def run_dict(view: Any) -> dict[str, Any]:
@@ -47,21 +46,24 @@ def _took(view: Any) -> str:
     if view.finished_at is None:
         return ""
     seconds = (view.finished_at - view.created_at).total_seconds()
-    return f"{seconds:.1f}s" if seconds < 100 else f"{seconds / 60:.0f}m"
+    if seconds < 100:
+        return f"{seconds:.1f}s"
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= 2 * size or unit == "m":
+            return f"{seconds / size:.0f}{unit}"
+    return ""
+
+
+COLUMNS = (Column("id"), Column("status"), Column("code", drop=1),
+           Column("org", drop=2, flex=True), Column("created"), Column("took", drop=3))
 
 
 def table(views: Sequence[tasks.RunView]) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("id", min_width=32, no_wrap=True, overflow="ignore")
-    t.add_column("org", overflow="fold")
-    t.add_column("status", overflow="fold")
-    t.add_column("code", overflow="fold")
-    t.add_column("created (UTC)", overflow="fold")
-    t.add_column("took", no_wrap=True, overflow="ellipsis")
-    for v in views:
-        t.add_row(v.id, v.org_id, v.status, v.code or "", f"{v.created_at:%Y-%m-%d %H:%M:%S}",
-                  _took(v))
-    return t
+    return Table(COLUMNS,
+                 [(short_id(v.id), v.status, v.code or "", v.org_id, ago(v.created_at), _took(v))
+                  for v in views],
+                 [(v.id, v.status, v.code or "", v.org_id, utc_iso(v.created_at), _took(v))
+                  for v in views])
 
 
 def print_runs(console: Console, views: Sequence[tasks.RunView], next_before: str | None,
@@ -70,6 +72,7 @@ def print_runs(console: Console, views: Sequence[tasks.RunView], next_before: st
         print(json.dumps({"runs": [run_dict(v) for v in views], "next": next_before},
                          indent=2))
         return
-    console.print(table(views))
-    if next_before:
-        console.print(f"more: --before {next_before}", soft_wrap=True)
+    show(console, table(views))
+    if next_before:  # on stderr when piped: the rows on stdout stay rows
+        target = console if console.is_terminal else Console(stderr=True)
+        target.print(f"more: --before {next_before}", soft_wrap=True, markup=False)

@@ -73,7 +73,7 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
     not mint tokens the gateway thinks not yet valid, or expired). With `sandbox`, the same
     transaction first records it live and promotes its capacity lease `lease_id`."""
     launch_id = secrets.token_hex(16)
-    if sandbox is not None and settings.is_postgres:
+    if sandbox is not None and settings.is_postgres and settings.provider_max_live is None:
         done, mark = _record_fast(fence, settings, sandbox, lease_id, launch_id)
         if done:
             return mark
@@ -81,6 +81,8 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
     def promote(session: Session, ref: SandboxRef) -> None:
         if lease_id is not None:
             capacity.promote(session, fence, lease_id, ref.provider, ref.sandbox_id)
+            if settings.provider_max_live is not None:
+                capacity.promote_pool(session, fence, ref.provider, ref.sandbox_id)
 
     try:
         with session_scope() as session:
@@ -138,7 +140,7 @@ def _mark(session: Session, run: Run, attempt: Attempt, launch_id: str,
 
 
 def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings,
-               issued_at: float | None = None) -> dict[str, str]:
+               issued_at: float | None = None, provider: str | None = None) -> dict[str, str]:
     """What the runner is told: its scope, its tokens and where the gateway is; never a
     database or Redis URL. issued_at: the database clock (LaunchMark.db_time)."""
     ttl = settings.run_timeout_s + settings.heartbeat_timeout_s + TOKEN_MARGIN_S
@@ -153,8 +155,10 @@ def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings,
         "PLAYRUN_GENERATION": str(fence.generation),
         "PLAYRUN_ORG_ID": org_id,
         "PLAYRUN_LAUNCH_ID": launch_id,
-        "PLAYRUN_GATEWAY_URL": settings.gateway_url,
-        "PLAYRUN_GATEWAY_SOCKET": str(settings.gateway_socket),
+        "PLAYRUN_GATEWAY_URL": settings.runner_gateway_url(provider),
+        # The socket exists only on this host: a remote sandbox has the URL alone.
+        "PLAYRUN_GATEWAY_SOCKET": str(settings.gateway_socket)
+        if (provider or settings.sandbox_provider) in ("local", "fake") else "",
         "PLAYRUN_HEARTBEAT_S": f"{settings.heartbeat_interval_s:g}",
         "PLAYRUN_TOKEN": mint(tokens.RUNNER_CAPABILITIES),
         "PLAYRUN_PROJECTION_TOKEN": mint(tokens.PROJECTION_CAPABILITIES),
@@ -175,7 +179,8 @@ def launch(fence: Fence, provider: SandboxProvider, sandbox: SandboxRef, lease_i
         provider.exec_detached(
             sandbox_id,
             ["{python}", RUNNER_FILE, "--timeout", f"{settings.run_timeout_s:g}"],
-            env=runner_env(fence, org_id, launch_id, settings, mark.db_time),
+            env=runner_env(fence, org_id, launch_id, settings, mark.db_time,
+                           provider.name),
             timeout_s=settings.run_timeout_s + HARD_KILL_GRACE_S,
         )
     except ProviderError as exc:

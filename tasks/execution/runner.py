@@ -9,8 +9,6 @@ Exit code 0 whenever a result was written, whatever the outcome.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import signal
@@ -20,19 +18,17 @@ import time
 import traceback
 import types
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
-PLAY_FILE = "play.py"
-INPUT_FILE = "input.json"
-RESULT_FILE = "result.json"
-EVENTS_FILE = "events.jsonl"
-STDOUT_FILE = "stdout.log"
+if TYPE_CHECKING or __package__:  # the host imports the runner's files as tasks.execution.*
+    from tasks import protocol
+    from tasks.execution.runner_context import BoundedWriter, Context, encode_json
+else:  # in the sandbox they are flat files beside runner.py
+    import playrun_protocol as protocol
+    from playrun_context import BoundedWriter, Context, encode_json
 
-MAX_OUTPUT_BYTES = 1024 * 1024
-MAX_EVENT_BYTES = 16 * 1024
-MAX_EVENTS_FILE_BYTES = 8 * 1024 * 1024
-MAX_STDOUT_BYTES = 1024 * 1024
-MAX_ERROR_CHARS = 8 * 1024
+__all__ = ["BoundedWriter", "Context", "Runner", "main"]
+
 TRACEBACK_FRAMES = 12
 # If the play swallows the timeout (or ignores SIGALRM) the watchdog thread settles the run
 # this long after the deadline; the supervisor's hard kill is the last resort.
@@ -42,169 +38,9 @@ FLUSH_S = 15.0
 PUSH_S = 60.0
 STOPPED_EXIT = 3
 
-PLAY_INVALID = "PLAY_INVALID"
-PLAY_ERROR = "PLAY_ERROR"
-OUTPUT_INVALID = "OUTPUT_INVALID"
-INPUT_INVALID = "INPUT_INVALID"
-RUN_TIMEOUT = "RUN_TIMEOUT"
-
 
 class RunTimeout(BaseException):
     """Raised inside the play at the deadline; BaseException so `except Exception` misses it."""
-
-
-class BoundedWriter(io.TextIOBase):
-    """Text stream keeping the first MAX_STDOUT_BYTES in a file and counting the rest."""
-
-    def __init__(self, path: Path, limit: int = MAX_STDOUT_BYTES) -> None:
-        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 - lives for the whole run
-        self._limit = limit
-        self._lock = threading.Lock()
-        self.written = 0
-        self.dropped = 0
-
-    def writable(self) -> bool:
-        return True
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return "utf-8"
-
-    def write(self, s: str) -> int:
-        data = str(s).encode("utf-8", "backslashreplace")
-        with self._lock:
-            keep = data[: max(self._limit - self.written, 0)]
-            if keep:
-                try:
-                    self._file.write(keep)
-                    self.written += len(keep)
-                except OSError:  # a full sandbox disk: the play's print must not raise
-                    keep = b""
-            self.dropped += len(data) - len(keep)
-        return len(s)
-
-    def flush(self) -> None:
-        with self._lock, contextlib.suppress(OSError):  # as write: a full disk drops output
-            if not self._file.closed:
-                self._file.flush()
-
-    def finish(self) -> None:
-        with self._lock:
-            if self.dropped:
-                note = f"\n[playrun: output truncated, {self.dropped} more bytes dropped]\n"
-                self._file.write(note.encode())
-            self._file.flush()
-
-
-def _encode(text: str) -> bytes:
-    """UTF-8 for JSON text; lone surrogates (only possible inside strings) become \\u escapes."""
-    return text.encode("utf-8", "backslashreplace")
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value, allow_nan=False)
-        return value
-    except (TypeError, ValueError, RecursionError):
-        try:
-            text = repr(value)
-        except Exception:  # noqa: BLE001 - a broken __repr__ must not break logging
-            text = f"<unrepresentable {type(value).__name__}>"
-        return text[:MAX_EVENT_BYTES]
-
-
-class Context:
-    """The `ctx` a play receives."""
-
-    def __init__(self, directory: Path, uplink: Any = None) -> None:
-        self._uplink = uplink
-        self.run_id: str | None = os.environ.get("PLAYRUN_RUN_ID")
-        generation = os.environ.get("PLAYRUN_GENERATION")
-        self.generation: int | None = (
-            int(generation) if generation is not None and generation.isdigit() else None
-        )
-        self.org_id: str | None = os.environ.get("PLAYRUN_ORG_ID")
-        self._events: BinaryIO = open(directory / EVENTS_FILE, "ab")  # noqa: SIM115
-        self._lock = threading.Lock()
-        self._seq = 0
-        self._bytes = 0
-        self._dropped = 0
-        self._steps: Any = None  # playrun_steps.Steps, made on the first ctx.step
-        self._deadline = time.monotonic()  # the run's wall-clock end, set by the runner
-        # Set by a runtime sheet that stopped this run: (code, error); the run fails with it.
-        self.halted: tuple[str, str] | None = None
-
-    def step(self, key: str, fn: Any, ttl: float | None = None) -> Any:
-        """`fn()`'s JSON output, computed once per (org, play, key): a completed work
-        receipt is returned without calling fn. `ttl` seconds let a receipt expire."""
-        if self._steps is None:
-            # Imported on first use: plays without steps do not pay for it at start-up.
-            try:
-                import playrun_steps  # beside runner.py in the sandbox
-            except ImportError:
-                raise RuntimeError("ctx.step needs playrun_steps.py beside runner.py") from None
-            self._steps = playrun_steps.Steps(self._uplink, self._deadline)
-        return self._steps.step(key, fn, ttl)
-
-    def sheet(self, table: str) -> Any:
-        """The play's runtime sheet `table` (playrun_sheets.py, beside this file)."""
-        import playrun_sheets
-
-        return playrun_sheets.Sheet(self, table)
-
-    def log(self, message: str, **fields: Any) -> None:
-        """Append one progress event to events.jsonl (bounded per event and in total)."""
-        text = str(message)
-        clean = {str(k): _jsonable(v) for k, v in fields.items()}
-        with self._lock:
-            if self._events.closed:  # a thread the play left logging after the end
-                return
-            self._seq += 1
-            event: dict[str, Any] = {
-                "seq": self._seq,
-                "kind": "progress",
-                "message": text,
-                "fields": clean,
-                "t": time.time(),
-            }
-            line = _encode(json.dumps(event, ensure_ascii=False)) + b"\n"
-            if len(line) > MAX_EVENT_BYTES:
-                # Keep a preview of the message; fields cannot be cut meaningfully.
-                event["fields"] = {}
-                event["truncated"] = True
-                budget = MAX_EVENT_BYTES // 2
-                while len(line) > MAX_EVENT_BYTES and budget > 0:
-                    event["message"] = text[:budget]
-                    line = _encode(json.dumps(event, ensure_ascii=False)) + b"\n"
-                    budget //= 2
-            if self._uplink is not None:
-                self._uplink.add({k: event[k] for k in ("seq", "message", "fields", "t")})
-            if self._dropped:
-                self._dropped += 1
-                return
-            if self._bytes + len(line) > MAX_EVENTS_FILE_BYTES:
-                self._dropped = 1
-                note = {
-                    "seq": self._seq,
-                    "kind": "dropped",
-                    "message": "events limit reached; further events are dropped",
-                    "t": time.time(),
-                }
-                line = json.dumps(note).encode() + b"\n"
-            try:
-                self._events.write(line)
-                self._events.flush()
-            except OSError as exc:
-                # A full sandbox disk must not fail the play: the gateway has the event
-                # (added above); only the file's copy is lost, and counted as dropped.
-                self._dropped = self._dropped or 1
-                print(f"runner: events file not written: {exc}", file=sys.__stderr__)
-                return
-            self._bytes += len(line)
-
-    def close(self) -> None:
-        with self._lock:
-            self._events.close()
 
 
 class Runner:
@@ -232,8 +68,8 @@ class Runner:
                 return True
             self._settled = True
             self.payload = payload
-            path = self.dir / RESULT_FILE
-            tmp = self.dir / f".{RESULT_FILE}.tmp"
+            path = self.dir / protocol.RESULT_FILE
+            tmp = self.dir / f".{protocol.RESULT_FILE}.tmp"
             try:
                 with open(tmp, "wb") as fh:
                     fh.write(payload)
@@ -246,13 +82,13 @@ class Runner:
                 finally:
                     os.close(dfd)
             except OSError as exc:
-                print(f"runner: cannot write {RESULT_FILE}: {exc}", file=sys.__stderr__)
+                print(f"runner: cannot write {protocol.RESULT_FILE}: {exc}", file=sys.__stderr__)
                 return False
             return True
 
     def fail(self, code: str, error: str) -> bool:
-        if len(error) > MAX_ERROR_CHARS:
-            error = error[: MAX_ERROR_CHARS - 20] + "\n...[truncated]"
+        if len(error) > protocol.MAX_ERROR_CHARS:
+            error = error[: protocol.MAX_ERROR_CHARS - 20] + "\n...[truncated]"
         return self.settle(json.dumps({"status": "failed", "code": code, "error": error}).encode())
 
     # --- timeouts -----------------------------------------------------------------------
@@ -281,7 +117,7 @@ class Runner:
         if self._done.wait(self.timeout_s + WATCHDOG_GRACE_S):
             return
         # The play ignored or swallowed the timeout: settle and end the process from here.
-        self.fail(RUN_TIMEOUT, self._timeout_message())
+        self.fail(protocol.RUN_TIMEOUT, self._timeout_message())
         self._flush_all()
         try:
             self._push()
@@ -294,49 +130,53 @@ class Runner:
             try:
                 self.stdout.finish()
             except Exception as exc:  # noqa: BLE001 - flushing must never block settling
-                print(f"runner: cannot flush {STDOUT_FILE}: {exc}", file=sys.__stderr__)
+                print(f"runner: cannot flush {protocol.STDOUT_FILE}: {exc}", file=sys.__stderr__)
 
     # --- phases -------------------------------------------------------------------------
 
     def _load(self) -> types.CodeType | str:
         try:
-            source = (self.dir / PLAY_FILE).read_bytes().decode("utf-8")
+            source = (self.dir / protocol.PLAY_FILE).read_bytes().decode("utf-8")
         except FileNotFoundError:
-            return f"{PLAY_FILE} not found"
+            return f"{protocol.PLAY_FILE} not found"
         except UnicodeDecodeError as exc:
-            return f"{PLAY_FILE} is not UTF-8: {exc}"
+            return f"{protocol.PLAY_FILE} is not UTF-8: {exc}"
         except OSError as exc:
-            return f"cannot read {PLAY_FILE}: {exc}"
+            return f"cannot read {protocol.PLAY_FILE}: {exc}"
         try:
             # dont_inherit: the runner's __future__ flags must not change the play's semantics.
-            return compile(source, PLAY_FILE, "exec", dont_inherit=True)
+            return compile(source, protocol.PLAY_FILE, "exec", dont_inherit=True)
         except SyntaxError as exc:
             return f"SyntaxError at line {exc.lineno}: {exc.msg}"
         except ValueError as exc:  # e.g. null bytes in the source
-            return f"{PLAY_FILE} cannot be compiled: {exc}"
+            return f"{protocol.PLAY_FILE} cannot be compiled: {exc}"
 
     def _read_input(self) -> tuple[Any, str | None]:
         try:
-            return json.loads((self.dir / INPUT_FILE).read_bytes()), None
+            return json.loads((self.dir / protocol.INPUT_FILE).read_bytes()), None
         except FileNotFoundError:
-            return None, f"{INPUT_FILE} not found"
+            return None, f"{protocol.INPUT_FILE} not found"
         except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-            return None, f"{INPUT_FILE} is not valid JSON: {exc}"
+            return None, f"{protocol.INPUT_FILE} is not valid JSON: {exc}"
 
     def _describe(self, exc: BaseException) -> str:
         try:
             head = f"{type(exc).__name__}: {exc}"
         except Exception:  # noqa: BLE001 - the play's __str__ may raise anything
             head = f"{type(exc).__name__}: <unprintable>"
-        head = head[: MAX_ERROR_CHARS // 2]
-        here = os.path.abspath(__file__)
+        head = head[: protocol.MAX_ERROR_CHARS // 2]
+        # The runner's own frames (this file and the context's) say nothing about the play.
+        ours = {
+            os.path.abspath(__file__),
+            os.path.abspath(sys.modules[Context.__module__].__file__ or ""),
+        }
         frames = [
             f
             for f in traceback.extract_tb(exc.__traceback__)
-            if os.path.abspath(f.filename) != here
+            if os.path.abspath(f.filename) not in ours
         ]
         tail = "".join(traceback.format_list(frames[-TRACEBACK_FRAMES:]))
-        room = MAX_ERROR_CHARS - len(head) - 40
+        room = protocol.MAX_ERROR_CHARS - len(head) - 40
         if len(tail) > room:
             tail = "..." + tail[-room:]
         return f"{head}\nTraceback (most recent call last):\n{tail}".rstrip()
@@ -344,17 +184,17 @@ class Runner:
     def run(self) -> bool:
         code = self._load()
         if isinstance(code, str):
-            return self.fail(PLAY_INVALID, code)
+            return self.fail(protocol.PLAY_INVALID, code)
         value, problem = self._read_input()
         if problem is not None:
-            return self.fail(INPUT_INVALID, problem)
+            return self.fail(protocol.INPUT_INVALID, problem)
 
         self.ctx = Context(self.dir, self.uplink)
         self.ctx._deadline = time.monotonic() + self.timeout_s
         module = types.ModuleType("play")
-        module.__file__ = str(self.dir / PLAY_FILE)
+        module.__file__ = str(self.dir / protocol.PLAY_FILE)
         sys.modules["play"] = module
-        sys.argv = [PLAY_FILE]
+        sys.argv = [protocol.PLAY_FILE]
         try:
             try:
                 self._arm()
@@ -362,35 +202,36 @@ class Runner:
                 entry = getattr(module, "run", None)
                 if not callable(entry):
                     self._disarm()
-                    return self.fail(PLAY_INVALID, f"{PLAY_FILE} defines no callable run()")
+                    return self.fail(
+                        protocol.PLAY_INVALID, f"{protocol.PLAY_FILE} defines no callable run()"
+                    )
                 output = entry(self.ctx, value)
             finally:
                 self._disarm()
                 # What is left (serialising, writing) is bounded; the watchdog may stand down.
                 self._done.set()
         except RunTimeout:
-            return self.fail(RUN_TIMEOUT, self._timeout_message())
+            return self.fail(protocol.RUN_TIMEOUT, self._timeout_message())
         except BaseException as exc:  # noqa: BLE001 - SystemExit etc. are play failures too
             if self._timed_out:
-                return self.fail(RUN_TIMEOUT, self._timeout_message())
+                return self.fail(protocol.RUN_TIMEOUT, self._timeout_message())
             if self.ctx.halted is not None:
                 return self.fail(*self.ctx.halted)
-            # Only a play that used ctx.step can raise a step's error.
-            steps = sys.modules.get("playrun_steps")
-            why = steps.code_of(exc) if steps is not None else None
-            return self.fail(why or PLAY_ERROR, self._describe(exc))
+            why = self.ctx.failure_code(exc)
+            return self.fail(why or protocol.PLAY_ERROR, self._describe(exc))
         if self._timed_out:  # the play caught RunTimeout and returned anyway
-            return self.fail(RUN_TIMEOUT, self._timeout_message())
+            return self.fail(protocol.RUN_TIMEOUT, self._timeout_message())
         if self.ctx.halted:  # a sheet stopped the run and the play carried on regardless
             return self.fail(*self.ctx.halted)
         try:
             text = json.dumps(output, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError) as exc:
-            return self.fail(OUTPUT_INVALID, f"output is not JSON-serialisable: {exc}")
-        data = _encode(text)
-        if len(data) > MAX_OUTPUT_BYTES:
+            return self.fail(protocol.OUTPUT_INVALID, f"output is not JSON-serialisable: {exc}")
+        data = encode_json(text)
+        if len(data) > protocol.MAX_OUTPUT_BYTES:
             return self.fail(
-                OUTPUT_INVALID, f"output is {len(data)} bytes; the limit is {MAX_OUTPUT_BYTES}"
+                protocol.OUTPUT_INVALID,
+                f"output is {len(data)} bytes; the limit is {protocol.MAX_OUTPUT_BYTES}",
             )
         return self.settle(b'{"status": "succeeded", "output": ' + data + b"}")
 
@@ -406,25 +247,30 @@ class Runner:
             return
         self.uplink.flush(time.monotonic() + FLUSH_S)
         if not self.uplink.complete(json.loads(self.payload), time.monotonic() + PUSH_S):
-            print("runner: the gateway never took the result; it stays in result.json",
-                  file=sys.__stderr__)
+            print(
+                "runner: the gateway never took the result; it stays in result.json",
+                file=sys.__stderr__,
+            )
         self.uplink.stop()
 
     def main(self) -> int:
-        self.stdout = BoundedWriter(self.dir / STDOUT_FILE)
+        self.stdout = BoundedWriter(self.dir / protocol.STDOUT_FILE)
         sys.stdout = sys.stderr = self.stdout
         try:
-            import playrun_client  # beside runner.py in the sandbox
-
-            self.uplink = playrun_client.Uplink.from_env(self._stop)
-        except ImportError:
+            if TYPE_CHECKING or __package__:
+                from tasks.execution import runner_client as client
+            else:
+                import playrun_client as client
+        except ImportError:  # started by hand without it: the result file is the channel
             self.uplink = None
+        else:
+            self.uplink = client.Uplink.from_env(self._stop)
         if self.uplink is not None:
             self.uplink.start()
         try:
             ok = self.run()
         except BaseException as exc:  # noqa: BLE001 - the runner itself broke: still settle
-            ok = self.fail(PLAY_ERROR, f"runner error: {self._describe(exc)}")
+            ok = self.fail(protocol.PLAY_ERROR, f"runner error: {self._describe(exc)}")
         self._done.set()
         self._flush_all()
         try:
@@ -435,7 +281,7 @@ class Runner:
             try:
                 self.ctx.close()
             except OSError as exc:
-                print(f"runner: cannot close {EVENTS_FILE}: {exc}", file=sys.__stderr__)
+                print(f"runner: cannot close {protocol.EVENTS_FILE}: {exc}", file=sys.__stderr__)
         return 0 if ok else 1
 
 

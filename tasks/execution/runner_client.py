@@ -16,17 +16,26 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-PATH = "/v1/runtime"
+if TYPE_CHECKING or __package__:  # the host imports the runner's files as tasks.execution.*
+    from tasks import protocol
+    from tasks.execution.runner_http import Connection, Stale, tcp_address
+    from tasks.execution.runner_http import Unavailable as Unavailable  # re-exported
+else:  # in the sandbox they are flat files beside runner.py
+    import playrun_protocol as protocol
+    from playrun_http import Connection, Stale, Unavailable, tcp_address
+
 REQUEST_TIMEOUT_S = 10.0
 BATCH = 500
 # Events held in memory while the gateway is away; beyond this they are counted, not kept.
 BUFFER_LIMIT = 20_000
 DELIVER_EVERY_S = 0.2
-# Answers that mean this runner no longer owns its attempt: it must stop.
-STOP_CODES = frozenset({"FENCE_LOST", "GATEWAY_TOKEN_EXPIRED", "GATEWAY_TOKEN_INVALID",
-                        "GATEWAY_CAPABILITY_DENIED"})
+# How long one call waits out 429s before it reports the gateway unavailable.
+MAX_RATE_WAIT_S = 60.0
+# call_until's backoff while the gateway is unavailable: first and longest pause (seconds).
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 2.0
 
 
 class Refused(Exception):
@@ -37,98 +46,17 @@ class Refused(Exception):
         self.status, self.code, self.error = status, code, error
 
 
-class Unavailable(Exception):
-    """The gateway could not be reached, or answered that it cannot serve now."""
-
-
-class _Stale(Exception):
-    """A kept-alive connection the gateway closed while it was idle."""
-
-
-# The gateway's answers are small JSON documents; anything bigger is not the gateway.
-MAX_HEAD_BYTES = 64 * 1024
-MAX_ANSWER_BYTES = 16 * 1024 * 1024
-
-
-class _Connection:
-    """HTTP/1.1 with keep-alive, just as much as the gateway speaks (Content-Length
-    bodies). Not http.client: it imports the email package, a third of a runner's
-    start-up."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = b""
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise _Stale("the gateway closed the connection")
-        self.buffer += chunk
-
-    def post(self, path: str, data: bytes, token: str) -> tuple[int, bytes, bool]:
-        """(status, body, whether the gateway will close the connection)."""
-        self.sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-            .encode("latin-1") + data)
-        received = False
-        while b"\r\n\r\n" not in self.buffer:
-            if len(self.buffer) > MAX_HEAD_BYTES:
-                raise Unavailable("the answer's head is too large")
-            try:
-                self._fill()
-            except _Stale:
-                if received:
-                    raise Unavailable("the gateway closed the connection mid-answer") from None
-                raise
-            received = True
-        head, _, rest = self.buffer.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise Unavailable(f"not an HTTP answer: {lines[0][:80]!r}")
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = headers.get("content-length", "")
-        if not length.isdigit() or int(length) > MAX_ANSWER_BYTES:
-            raise Unavailable("the answer has no usable Content-Length")
-        self.buffer = rest
-        while len(self.buffer) < int(length):
-            try:
-                self._fill()
-            except _Stale:
-                raise Unavailable("the gateway closed the connection mid-answer") from None
-        body, self.buffer = self.buffer[:int(length)], self.buffer[int(length):]
-        closing = headers.get("connection", "").lower() == "close"
-        return int(parts[1]), body, closing
-
-
-def _tcp_address(url: str) -> tuple[str, int]:
-    """host and port of an http:// URL (urllib.parse is another import the runner avoids)."""
-    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-    if rest.startswith("["):
-        host, _, port = rest[1:].partition("]")
-        port = port.lstrip(":")
-    else:
-        host, _, port = rest.partition(":")
-    return host or "127.0.0.1", int(port) if port.isdigit() else 80
-
-
 class Gateway:
     """One kept-alive connection per thread (heartbeat, delivery, the play's own calls)."""
 
     def __init__(self, url: str, socket_path: str | None) -> None:
-        self.address = _tcp_address(url)
+        host, port, self.tls, self.prefix = tcp_address(url)
+        self.address = (host, port)
+        self.host_header = host if port in (80, 443) else f"{host}:{port}"
         self.socket_path = socket_path
         self._local = threading.local()
 
-    def _connect(self) -> _Connection:
+    def _connect(self) -> Connection:
         if self.socket_path and os.path.exists(self.socket_path):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(REQUEST_TIMEOUT_S)
@@ -137,23 +65,34 @@ class Gateway:
             except OSError:
                 sock.close()
                 raise
-            return _Connection(sock)
-        return _Connection(socket.create_connection(self.address, timeout=REQUEST_TIMEOUT_S))
+            return Connection(sock)
+        sock = socket.create_connection(self.address, timeout=REQUEST_TIMEOUT_S)
+        if self.tls:  # a remote sandbox crosses networks: the gateway proves who it is
+            import ssl  # only remote runners pay for the import
 
-    def _exchange(self, data: bytes, token: str) -> tuple[int, bytes]:
-        conn: _Connection | None = getattr(self._local, "conn", None)
+            try:
+                sock = ssl.create_default_context().wrap_socket(
+                    sock, server_hostname=self.address[0])
+            except OSError:  # ssl.SSLError is one
+                sock.close()
+                raise
+        return Connection(sock, self.host_header)
+
+    def _exchange(self, data: bytes, token: str, action: str = "") -> tuple[int, bytes]:
+        conn: Connection | None = getattr(self._local, "conn", None)
         reused = conn is not None
         while True:
             try:
                 if conn is None:
                     conn = self._connect()
-                status, raw, closing = conn.post(PATH, data, token)
-            except (_Stale, OSError) as exc:
+                status, raw, closing = conn.post(self.prefix + protocol.GATEWAY_PATH, data, token,
+                                                 action)
+            except (Stale, OSError) as exc:
                 if conn is not None:
                     conn.close()
                 self._local.conn = conn = None
                 # Idle keep-alive closed by the gateway: the request never reached it.
-                if reused and isinstance(exc, (_Stale, BrokenPipeError, ConnectionResetError)):
+                if reused and isinstance(exc, (Stale, BrokenPipeError, ConnectionResetError)):
                     reused = False
                     continue
                 raise Unavailable(str(exc)) from None
@@ -169,11 +108,25 @@ class Gateway:
 
     def call(self, token: str, body: dict[str, Any]) -> Any:
         data = json.dumps(body, allow_nan=False).encode()
-        status, raw = self._exchange(data, token)
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            raise Unavailable(f"HTTP {status} without JSON") from None
+        action = body.get("action")
+        waited = 0.0
+        while True:
+            status, raw = self._exchange(data, token, action if isinstance(action, str) else "")
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                raise Unavailable(f"HTTP {status} without JSON") from None
+            if status != 429 or not isinstance(doc, dict) or waited >= MAX_RATE_WAIT_S:
+                break
+            # Past this attempt's rate: wait as told and send the same request again, so
+            # the caller keeps its place (a delivery's order, a step's claim).
+            pause = doc.get("retry_after_s")
+            pause = min(float(pause), 5.0) if isinstance(pause, int | float) and pause > 0 \
+                else 0.5
+            time.sleep(pause)
+            waited += pause
+        if status == 429:
+            raise Unavailable("the gateway kept this runner past its rate")
         if status == 200 and isinstance(doc, dict):
             return doc.get("result")
         if status >= 500 or not isinstance(doc, dict):
@@ -181,7 +134,7 @@ class Gateway:
         raise Refused(status, str(doc.get("code")), str(doc.get("error")))
 
 
-def _jitter() -> float:
+def jitter() -> float:
     """0.5 to 1.5, without importing random (its import costs more than this needs)."""
     return 0.5 + int.from_bytes(os.urandom(2), "big") / 65535
 
@@ -189,8 +142,15 @@ def _jitter() -> float:
 class Uplink:
     """Heartbeat and progress threads of one runner, and its final push."""
 
-    def __init__(self, gateway: Gateway, token: str, projection_token: str, launch_id: str,
-                 interval_s: float, on_stop: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        token: str,
+        projection_token: str,
+        launch_id: str,
+        interval_s: float,
+        on_stop: Callable[[str], None],
+    ) -> None:
         self.gateway = gateway
         self.token = token
         self.projection_token = projection_token
@@ -211,10 +171,19 @@ class Uplink:
     @classmethod
     def from_env(cls, on_stop: Callable[[str], None]) -> Uplink | None:
         # Taken out of the environment before the play starts: it needs none of them.
-        env = {name: os.environ.pop(name, "") for name in (
-            "PLAYRUN_TOKEN", "PLAYRUN_PROJECTION_TOKEN", "PLAYRUN_GATEWAY_URL",
-            "PLAYRUN_GATEWAY_SOCKET", "PLAYRUN_LAUNCH_ID", "PLAYRUN_HEARTBEAT_S",
-            "PLAYRUN_SHEET_PAGE_ROWS", "PLAYRUN_SHEET_WRITE_ROWS")}
+        env = {
+            name: os.environ.pop(name, "")
+            for name in (
+                "PLAYRUN_TOKEN",
+                "PLAYRUN_PROJECTION_TOKEN",
+                "PLAYRUN_GATEWAY_URL",
+                "PLAYRUN_GATEWAY_SOCKET",
+                "PLAYRUN_LAUNCH_ID",
+                "PLAYRUN_HEARTBEAT_S",
+                "PLAYRUN_SHEET_PAGE_ROWS",
+                "PLAYRUN_SHEET_WRITE_ROWS",
+            )
+        }
         token, projection = env["PLAYRUN_TOKEN"], env["PLAYRUN_PROJECTION_TOKEN"]
         url = env["PLAYRUN_GATEWAY_URL"]
         if not (token and projection and url):
@@ -224,14 +193,17 @@ class Uplink:
             interval = float(env["PLAYRUN_HEARTBEAT_S"] or 5)
         except ValueError:
             interval = 5.0
-        uplink = cls(gateway, token, projection, env["PLAYRUN_LAUNCH_ID"] or "launch",
-                     interval, on_stop)
+        uplink = cls(
+            gateway, token, projection, env["PLAYRUN_LAUNCH_ID"] or "launch", interval, on_stop
+        )
         uplink.sheet_rows = (env["PLAYRUN_SHEET_PAGE_ROWS"], env["PLAYRUN_SHEET_WRITE_ROWS"])
         return uplink
 
     def start(self) -> None:
-        for target, name in ((self._beat, "playrun-heartbeat"),
-                             (self._deliver_loop, "playrun-progress")):
+        for target, name in (
+            (self._beat, "playrun-heartbeat"),
+            (self._deliver_loop, "playrun-progress"),
+        ):
             threading.Thread(target=target, name=name, daemon=True).start()
 
     # --- heartbeats --------------------------------------------------------------------
@@ -239,11 +211,11 @@ class Uplink:
     def _beat(self) -> None:
         while not self._done.is_set():
             try:
-                answer = self.gateway.call(self.token, {"action": "heartbeat"})
+                answer = self.gateway.call(self.token, {"action": protocol.ACTION_HEARTBEAT})
                 if isinstance(answer, dict) and answer.get("cancel"):
                     self.on_stop("the run was cancelled")
             except Refused as exc:
-                if exc.code in STOP_CODES:
+                if exc.code in protocol.STOP_CODES:
                     self.on_stop(f"the gateway refused this runner: {exc}")
             except Unavailable:
                 pass  # the reaper judges silence; a short outage costs nothing
@@ -267,10 +239,11 @@ class Uplink:
                 first = events[0]["seq"] if events else "x"
                 last = events[-1]["seq"] if events else "x"
                 self._batch = {
-                    "action": "append_run_events",
+                    "action": protocol.ACTION_APPEND_EVENTS,
                     "idempotency_key": f"{self.launch_id}:{first}-{last}:{self._dropped}",
                     "delivery_lease_owner": f"runner:{self.launch_id}",
-                    "events": events, "dropped": self._dropped,
+                    "events": events,
+                    "dropped": self._dropped,
                 }
                 self._dropped = 0
             return self._batch
@@ -292,7 +265,7 @@ class Uplink:
                     self._dropped += len(self._events)
                     self._events.clear()
         except Refused as exc:
-            if exc.code in STOP_CODES:
+            if exc.code in protocol.STOP_CODES:
                 self.on_stop(f"the gateway refused progress: {exc}")
             # Any other refusal of this batch would repeat forever: give it up, counted.
         with self._lock:
@@ -332,17 +305,39 @@ class Uplink:
         pause = 0.1
         while True:
             try:
-                self.gateway.call(self.token, {"action": "complete", "result": result})
+                self.gateway.call(
+                    self.token, {"action": protocol.ACTION_COMPLETE, "result": result}
+                )
                 return True
             except Refused:
-                return True  # e.g. a terminal already won: nothing more to say
+                return True  # FENCE_LOST: a terminal is settled (maybe this very push)
             except Unavailable:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                time.sleep(min(pause * _jitter(), left))
+                time.sleep(min(pause * jitter(), left))
                 pause = min(pause * 2, 5.0)
 
     def stop(self) -> None:
         self._done.set()
         self._wake.set()
+
+
+def call_until(uplink: Any, body: dict[str, Any], deadline: float) -> Any:
+    """One action with the uplink's runner token (the play's steps and sheets), retried
+    with backoff while the gateway is unavailable until `deadline` (time.monotonic()), then
+    Unavailable. A refusal is raised; one that ends this runner's ownership stops it first."""
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            return uplink.gateway.call(uplink.token, body)
+        except Refused as exc:
+            if exc.code in protocol.STOP_CODES:
+                uplink.on_stop(f"the gateway refused {body.get('action')}: {exc}")
+            raise
+        except Unavailable:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            time.sleep(min(pause * jitter(), left))
+            pause = min(pause * 2, RETRY_MAX_S)

@@ -9,39 +9,25 @@ error) back in chunks, and returns the results in row order.
 A writer told that its rows belong to another write version stops: the run fails
 RUNTIME_SHEET_ATTEMPT_SUPERSEDED, even if the play catches the error. A gateway that
 does not offer the intent start fails the run RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE;
-this module never falls back to the legacy `sheet_start`.
+this module never falls back to the legacy `sheet_start`. Row checks: runner_sheetrows.py.
 """
 
 from __future__ import annotations
 
-import json
-import random
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING or __package__:  # the host imports the runner's files as tasks.execution.*
+    from tasks import protocol
     from tasks.execution import runner_client as client
-else:
-    try:
-        import playrun_client as client  # beside runner.py in the sandbox
-    except ImportError:
-        from tasks.execution import runner_client as client
+    from tasks.execution import runner_sheetrows as rows_
+else:  # in the sandbox they are flat files beside runner.py
+    import playrun_client as client
+    import playrun_protocol as protocol
+    import playrun_sheetrows as rows_
 
-INTENT_ACTION = "sheet_start_with_intent"
-WRITE_ACTION = "sheet_write"
-READ_ACTION = "sheet_read"
-SUPERSEDED = "RUNTIME_SHEET_ATTEMPT_SUPERSEDED"
-INTENT_UNAVAILABLE = "RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE"
-
-TABLE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-MAX_KEY_BYTES = 1024
-MAX_ROW_BYTES = 64 * 1024  # a row's data, and a row's result, as compact JSON
 MAX_REQUEST_BYTES = 1024 * 1024  # rows per request are also bounded by bytes
-MAX_DEPTH = 60  # the gateway refuses documents nested deeper than 64 (with its envelope)
-MAX_INT = 2**63 - 1
-MAX_ERROR_CHARS = 4000
 PAGE_ROWS = 500
 WRITE_ROWS = 200
 PROGRESS_EVERY_S = 1.0  # at most one progress event a second per map
@@ -64,14 +50,20 @@ class SheetRefusedError(SheetError):
 class RuntimeSheetStop(SheetError):
     """This run must stop: nothing it writes to the sheet can be accepted any more."""
 
-    code = "PLAY_ERROR"
+    code = protocol.PLAY_ERROR
 
 
 class RuntimeSheetAttemptSupersededError(RuntimeSheetStop):
-    code = SUPERSEDED
+    code = protocol.RUNTIME_SHEET_ATTEMPT_SUPERSEDED
 
-    def __init__(self, message: str, table: str, write_version: int | None,
-                 submitted: int, rows: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        message: str,
+        table: str,
+        write_version: int | None,
+        submitted: int,
+        rows: list[dict[str, Any]],
+    ) -> None:
         super().__init__(message)
         self.table = table
         self.write_version = write_version
@@ -80,7 +72,7 @@ class RuntimeSheetAttemptSupersededError(RuntimeSheetStop):
 
 
 class RuntimeSheetWriteIntentUnavailableError(RuntimeSheetStop):
-    code = INTENT_UNAVAILABLE
+    code = protocol.RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE
 
 
 class MapResult(list[Any]):
@@ -89,59 +81,6 @@ class MapResult(list[Any]):
     def __init__(self, size: int) -> None:
         super().__init__([None] * size)
         self.errors: dict[str, str] = {}
-
-
-_compact = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode
-
-
-def _size(text: str) -> int:
-    return len(text.encode("utf-8", "replace"))
-
-
-def _unstorable(value: Any) -> str | None:
-    """Why the gateway would refuse this JSON value (depth, integer range), or None."""
-    if not isinstance(value, dict | list | tuple):
-        big = isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT
-        return "it holds an integer beyond 64 bits" if big else None
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list | tuple):
-            if depth > MAX_DEPTH:
-                return f"it is nested deeper than {MAX_DEPTH} levels"
-            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict)
-                                                  else item))
-        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_INT:
-            return "it holds an integer beyond 64 bits"
-    return None
-
-
-def check_table(table: Any) -> str:
-    if not isinstance(table, str) or not TABLE_RE.fullmatch(table):
-        raise ValueError(f"a sheet table name is 1 to 64 letters, digits, '_', '-' or '.', "
-                         f"starting with a letter or digit; got {table!r:.80}")
-    return table
-
-
-def row_key(row: Any, key: str, index: int) -> str:
-    if not isinstance(row, dict):
-        raise TypeError(f"row {index} is {type(row).__name__}, not an object (dict)")
-    if key not in row:
-        raise ValueError(f"row {index} has no key field {key!r}")
-    value = row[key]
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise TypeError(f"row {index}: key field {key!r} must be a string or an integer, "
-                        f"not {type(value).__name__}")
-    text = str(value)
-    if not text or "\x00" in text:
-        raise ValueError(f"row {index}: key field {key!r} is empty or holds a NUL")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError(f"row {index}: key field {key!r} is not valid text") from None
-    if size > MAX_KEY_BYTES:
-        raise ValueError(f"row {index}: key is {size} bytes; the limit is {MAX_KEY_BYTES}")
-    return text
 
 
 def _rows_setting(uplink: Any, index: int, default: int) -> int:
@@ -156,9 +95,10 @@ def _rows_setting(uplink: Any, index: int, default: int) -> int:
 class Sheet:
     """One table of this play's sheets, for this run (`ctx.sheet(table)`)."""
 
-    def __init__(self, ctx: Any, table: str, *, page_rows: int | None = None,
-                 write_rows: int | None = None) -> None:
-        self.table = check_table(table)
+    def __init__(
+        self, ctx: Any, table: str, *, page_rows: int | None = None, write_rows: int | None = None
+    ) -> None:
+        self.table = rows_.check_table(table)
         self._ctx = ctx
         self._uplink = getattr(ctx, "_uplink", None)
         self.page_rows = page_rows or _rows_setting(self._uplink, 0, PAGE_ROWS)
@@ -182,49 +122,55 @@ class Sheet:
         if self._uplink is None:
             raise SheetError("runtime sheets need the gateway; this runner has none")
         action = body["action"]
-        deadline = time.monotonic() + RETRY_FOR_S
-        pause = 0.1
-        while True:
-            try:
-                answer = self._uplink.gateway.call(self._uplink.token, body)
-            except client.Refused as exc:
-                if exc.code in client.STOP_CODES:
-                    self._uplink.on_stop(f"the gateway refused {action}: {exc}")
-                if action == INTENT_ACTION and exc.status == 404 \
-                        and exc.code == "GATEWAY_UNKNOWN_ACTION":
-                    raise self._halt(RuntimeSheetWriteIntentUnavailableError(
+        try:
+            answer = client.call_until(self._uplink, body, time.monotonic() + RETRY_FOR_S)
+        except client.Refused as exc:
+            if (
+                action == protocol.ACTION_SHEET_START_WITH_INTENT
+                and exc.code == protocol.GATEWAY_UNKNOWN_ACTION
+            ):
+                raise self._halt(
+                    RuntimeSheetWriteIntentUnavailableError(
                         f"this gateway does not offer sheet write intents ({exc.error}); "
                         f"sheet {self.table!r} was not admitted. Retry after the gateway "
-                        "is upgraded.")) from None
-                raise SheetRefusedError(action, exc.code, exc.error) from None
-            except client.Unavailable as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise SheetError(f"{action} on sheet {self.table!r}: the gateway was "
-                                     f"unavailable for {RETRY_FOR_S:g} s: {exc}") from None
-                time.sleep(min(pause * random.uniform(0.5, 1.5), left))
-                pause = min(pause * 2, 2.0)
-                continue
-            if not isinstance(answer, dict):
-                raise SheetError(f"{action}: the gateway's answer is not an object")
-            return answer
+                        "is upgraded."
+                    )
+                ) from None
+            raise SheetRefusedError(action, exc.code, exc.error) from None
+        except client.Unavailable as exc:
+            raise SheetError(
+                f"{action} on sheet {self.table!r}: the gateway was "
+                f"unavailable for {RETRY_FOR_S:g} s: {exc}"
+            ) from None
+        if not isinstance(answer, dict):
+            raise SheetError(f"{action}: the gateway's answer is not an object")
+        return answer
 
-    def _superseded(self, stale: list[dict[str, Any]], submitted: int,
-                    what: str) -> RuntimeSheetStop:
+    def _superseded(
+        self, stale: list[dict[str, Any]], submitted: int, what: str
+    ) -> RuntimeSheetStop:
         counts: dict[str, int] = {}
         for row in stale:
             counts[row["reason"]] = counts.get(row["reason"], 0) + 1
         reasons = ", ".join(f"{r}={n}" for r, n in sorted(counts.items()))
-        sample = "; ".join(f"key={str(r.get('key'))[:80]} row_write_version="
-                           f"{r.get('write_version') or 'unknown'}" for r in stale[:5])
+        sample = "; ".join(
+            f"key={str(r.get('key'))[:80]} row_write_version={r.get('write_version') or 'unknown'}"
+            for r in stale[:5]
+        )
         run = getattr(self._ctx, "run_id", None) or "?"
-        return self._halt(RuntimeSheetAttemptSupersededError(
-            f"sheet {self.table!r} rejected {len(stale)} of {submitted} row {what} from run "
-            f"{run} at write version {self.write_version} because the rows are owned by a "
-            f"different write version ({reasons}). This attempt was superseded by a newer "
-            f"admission of these rows and stops: nothing it writes from here on can be "
-            f"accepted. Sample: {sample}.",
-            self.table, self.write_version, submitted, stale))
+        return self._halt(
+            RuntimeSheetAttemptSupersededError(
+                f"sheet {self.table!r} rejected {len(stale)} of {submitted} row {what} from run "
+                f"{run} at write version {self.write_version} because the rows are owned by a "
+                f"different write version ({reasons}). This attempt was superseded by a newer "
+                f"admission of these rows and stops: nothing it writes from here on can be "
+                f"accepted. Sample: {sample}.",
+                self.table,
+                self.write_version,
+                submitted,
+                stale,
+            )
+        )
 
     @staticmethod
     def _stale(rows: Any) -> list[dict[str, Any]]:
@@ -232,20 +178,32 @@ class Sheet:
         for row in rows if isinstance(rows, list) else []:
             row = row if isinstance(row, dict) else {}
             reason = row.get("reason")
-            out.append({"key": row.get("key"), "write_version": row.get("write_version"),
-                        "reason": reason if reason in REASONS else "unreported"})
+            out.append(
+                {
+                    "key": row.get("key"),
+                    "write_version": row.get("write_version"),
+                    "reason": reason if reason in REASONS else "unreported",
+                }
+            )
         return out
 
     # --- admission and writes ----------------------------------------------------------
 
     def _admit(self, page: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-        answer = self._call({"action": INTENT_ACTION, "table": self.table,
-                             "write_version": self.write_version,
-                             "rows": [{"key": k, "data": row} for k, row in page]})
+        answer = self._call(
+            {
+                "action": protocol.ACTION_SHEET_START_WITH_INTENT,
+                "table": self.table,
+                "write_version": self.write_version,
+                "rows": [{"key": k, "data": row} for k, row in page],
+            }
+        )
         version = answer.get("write_version")
         if not isinstance(version, int) or (self.write_version not in (None, version)):
-            raise SheetError(f"sheet {self.table!r}: the gateway admitted version {version!r}"
-                             f", not {self.write_version}")
+            raise SheetError(
+                f"sheet {self.table!r}: the gateway admitted version {version!r}"
+                f", not {self.write_version}"
+            )
         self.write_version = version
         stale = self._stale(answer.get("superseded"))
         if stale:
@@ -253,8 +211,14 @@ class Sheet:
         return answer
 
     def _write(self, items: list[dict[str, Any]]) -> None:
-        answer = self._call({"action": WRITE_ACTION, "table": self.table,
-                             "write_version": self.write_version, "rows": items})
+        answer = self._call(
+            {
+                "action": protocol.ACTION_SHEET_WRITE,
+                "table": self.table,
+                "write_version": self.write_version,
+                "rows": items,
+            }
+        )
         stale = [r for r in self._stale(answer.get("rejected")) if r["reason"] not in BENIGN]
         if stale:
             raise self._superseded(stale, len(items), "write(s)")
@@ -272,32 +236,6 @@ class Sheet:
         if page:
             yield page
 
-    @staticmethod
-    def _outcome(fn: Callable[[Any], Any], row: dict[str, Any]) -> tuple[Any, str | None, int]:
-        """fn(row) as (result, None, bytes) or (None, error, bytes): only the row fails, never
-        the map. A result is returned as JSON stores it (tuples become lists), as on a wake."""
-        try:
-            value = fn(row)
-        except Exception as exc:  # noqa: BLE001 - the row's error is its outcome
-            try:
-                text = f"{type(exc).__name__}: {exc}"
-            except Exception:  # noqa: BLE001 - a broken __str__
-                text = type(exc).__name__
-            return None, text[:MAX_ERROR_CHARS], len(text)
-        try:
-            encoded = _compact(value)
-        except (TypeError, ValueError, RecursionError) as exc:
-            text = f"the result is not JSON: {exc}"[:MAX_ERROR_CHARS]
-            return None, text, len(text)
-        size = _size(encoded)
-        if size > MAX_ROW_BYTES:
-            return None, f"the result is {size} bytes; the limit is {MAX_ROW_BYTES}", 100
-        problem = _unstorable(value)
-        if problem:
-            return None, f"the result cannot be stored: {problem}", 100
-        stored = json.loads(encoded) if isinstance(value, dict | list | tuple) else value
-        return stored, None, size
-
     def _progress(self, *, force: bool = False) -> None:
         """Rows done of the map's total, to the run's ledger: at most once a second."""
         now = time.monotonic()
@@ -305,32 +243,12 @@ class Sheet:
         if log is None or not (force or now - self._reported >= PROGRESS_EVERY_S):
             return
         self._reported = now
-        log(f"sheet {self.table}: {self._done}/{self._total} rows", table=self.table,
-            done=self._done, total=self._total)
-
-    @staticmethod
-    def _prepare(rows: Iterable[Any], key: str) -> tuple[list[Any], list[str], list[int]]:
-        """The rows, their keys and sizes; every row checked before anything is sent."""
-        items = list(rows)
-        keys = [row_key(row, key, i) for i, row in enumerate(items)]
-        first: dict[str, int] = {}
-        for i, k in enumerate(keys):
-            if k in first:
-                raise ValueError(f"key {k[:80]!r} appears in rows {first[k]} and {i}")
-            first[k] = i
-        sizes = []
-        for i, row in enumerate(items):
-            try:
-                size = _size(_compact(row))
-            except (TypeError, ValueError, RecursionError) as exc:
-                raise TypeError(f"row {i} is not JSON: {exc}") from None
-            if size > MAX_ROW_BYTES:
-                raise ValueError(f"row {i} is {size} bytes; the limit is {MAX_ROW_BYTES}")
-            problem = _unstorable(row)
-            if problem:
-                raise ValueError(f"row {i} cannot be stored: {problem}")
-            sizes.append(size + len(keys[i]))
-        return items, keys, sizes
+        log(
+            f"sheet {self.table}: {self._done}/{self._total} rows",
+            table=self.table,
+            done=self._done,
+            total=self._total,
+        )
 
     def map(self, rows: Iterable[Any], fn: Callable[[Any], Any], *, key: str) -> MapResult:
         """fn(row) for each row not already done under this run's write intent, in pages;
@@ -339,7 +257,7 @@ class Sheet:
             raise TypeError("map needs a callable fn(row)")
         if not isinstance(key, str) or not key:
             raise TypeError("map needs key=, the name of each row's identifying field")
-        items, keys, sizes = self._prepare(rows, key)
+        items, keys, sizes = rows_.prepare(rows, key)
         results = MapResult(len(items))
         self._done, self._total = 0, len(items)
         self._reported = time.monotonic()
@@ -348,15 +266,24 @@ class Sheet:
         self._progress(force=True)
         return results
 
-    def _map_page(self, page: list[int], items: list[Any], keys: list[str],
-                  fn: Callable[[Any], Any], results: MapResult) -> None:
+    def _map_page(
+        self,
+        page: list[int],
+        items: list[Any],
+        keys: list[str],
+        fn: Callable[[Any], Any],
+        results: MapResult,
+    ) -> None:
         answer = self._admit([(keys[i], items[i]) for i in page])
         todo = set(answer.get("todo") or [])
         reused = {r.get("key"): r for r in answer.get("done") or [] if isinstance(r, dict)}
-        if len(todo) + len(reused) != len(page) or \
-                not all(keys[i] in todo or keys[i] in reused for i in page):
-            raise SheetError(f"sheet {self.table!r}: the gateway's answer does not account "
-                             f"for the {len(page)} rows of the page")
+        if len(todo) + len(reused) != len(page) or not all(
+            keys[i] in todo or keys[i] in reused for i in page
+        ):
+            raise SheetError(
+                f"sheet {self.table!r}: the gateway's answer does not account "
+                f"for the {len(page)} rows of the page"
+            )
         omitted = [str(k) for k, r in reused.items() if r.get("omitted")]
         if omitted:  # outcomes too large to come with the admission: read them
             reused.update({r["key"]: r for r in self.rows(keys=omitted)})
@@ -371,7 +298,7 @@ class Sheet:
                     results.errors[keys[i]] = str(row.get("error"))
                 self._done += 1
                 continue
-            value, error, size = self._outcome(fn, items[i])
+            value, error, size = rows_.outcome(fn, items[i])
             results[i] = value
             if error is None:
                 pending.append({"key": keys[i], "status": "done", "result": value})
@@ -381,8 +308,11 @@ class Sheet:
             pending_bytes += len(keys[i]) + size + 64
             self._done += 1
             now = time.monotonic()
-            if len(pending) >= self.write_rows or pending_bytes > MAX_REQUEST_BYTES // 2 \
-                    or now - last_flush >= FLUSH_EVERY_S:
+            if (
+                len(pending) >= self.write_rows
+                or pending_bytes > MAX_REQUEST_BYTES // 2
+                or now - last_flush >= FLUSH_EVERY_S
+            ):
                 self._write(pending)
                 pending, pending_bytes, last_flush = [], 0, now
             self._progress()
@@ -398,11 +328,18 @@ class Sheet:
         wanted = None if keys is None else [str(k) for k in keys]
         out: list[dict[str, Any]] = []
         for start in range(0, len(wanted) if wanted is not None else 1, PAGE_ROWS):
-            chunk = None if wanted is None else wanted[start:start + PAGE_ROWS]
+            chunk = None if wanted is None else wanted[start : start + PAGE_ROWS]
             after = None
             while True:
-                answer = self._call({"action": READ_ACTION, "table": self.table,
-                                     "keys": chunk, "after": after, "limit": PAGE_ROWS})
+                answer = self._call(
+                    {
+                        "action": protocol.ACTION_SHEET_READ,
+                        "table": self.table,
+                        "keys": chunk,
+                        "after": after,
+                        "limit": PAGE_ROWS,
+                    }
+                )
                 out.extend(answer.get("rows") or [])
                 after = answer.get("next")
                 if not after:

@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
-import sys
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-MAX_KEY_CHARS = 1024
-MAX_OUTPUT_BYTES = 256 * 1024
-MAX_TTL_S = 10 * 365 * 86400
+if TYPE_CHECKING or __package__:  # the host imports the runner's files as tasks.execution.*
+    from tasks import protocol
+    from tasks.execution import runner_client as client
+else:  # in the sandbox they are flat files beside runner.py
+    import playrun_client as client
+    import playrun_protocol as protocol
+
+MAX_KEY_CHARS = protocol.MAX_STEP_KEY_CHARS
+MAX_OUTPUT_BYTES = protocol.MAX_STEP_OUTPUT_BYTES
+MAX_TTL_S = protocol.MAX_STEP_TTL_S
 MAX_ERROR_CHARS = 4000
 # Waiting for another run's step: first pause, growth, longest pause (seconds).
 WAIT_FIRST_S = 0.05
@@ -31,18 +36,6 @@ WAIT_GROWTH = 1.5
 WAIT_MAX_S = 1.0
 # Reporting a failed step is best effort: this long at most, then the release frees it.
 FAIL_REPORT_S = 10.0
-
-# Codes a step fails with (the run fails with the same code unless the play catches it).
-STEP_KEY_INVALID = "STEP_KEY_INVALID"
-STEP_INVALID = "STEP_INVALID"
-STEP_RECURSIVE = "STEP_RECURSIVE"
-STEP_UNAVAILABLE = "STEP_UNAVAILABLE"
-STEP_REFUSED = "STEP_REFUSED"
-RECEIPT_NOT_HELD = "RECEIPT_NOT_HELD"
-OUTPUT_INVALID = "OUTPUT_INVALID"
-PLAY_ERROR = "PLAY_ERROR"
-# Refusals that mean this runner no longer owns its attempt: it stops.
-STOP_CODES = frozenset({"FENCE_LOST", "GATEWAY_TOKEN_EXPIRED", "GATEWAY_TOKEN_INVALID"})
 
 
 class StepError(Exception):
@@ -62,16 +55,20 @@ def code_of(exc: BaseException) -> str | None:
 
 def check_key(key: Any) -> str:
     if not isinstance(key, str) or not key.strip():
-        raise StepError(STEP_KEY_INVALID, "a step key must be a non-empty string")
+        raise StepError(protocol.STEP_KEY_INVALID, "a step key must be a non-empty string")
     if len(key) > MAX_KEY_CHARS:
-        raise StepError(STEP_KEY_INVALID, f"the step key is {len(key)} characters; "
-                                          f"the limit is {MAX_KEY_CHARS}")
+        raise StepError(
+            protocol.STEP_KEY_INVALID,
+            f"the step key is {len(key)} characters; the limit is {MAX_KEY_CHARS}",
+        )
     if "\x00" in key:
-        raise StepError(STEP_KEY_INVALID, "a step key must not contain NUL")
+        raise StepError(protocol.STEP_KEY_INVALID, "a step key must not contain NUL")
     try:
         key.encode("utf-8")
     except UnicodeEncodeError:
-        raise StepError(STEP_KEY_INVALID, "a step key must be valid Unicode text") from None
+        raise StepError(
+            protocol.STEP_KEY_INVALID, "a step key must be valid Unicode text"
+        ) from None
     return key
 
 
@@ -79,7 +76,9 @@ def check_ttl(ttl: Any) -> float | None:
     if ttl is None:
         return None
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_S:
-        raise StepError(STEP_INVALID, f"ttl must be a number of seconds in (0, {MAX_TTL_S}]")
+        raise StepError(
+            protocol.STEP_INVALID, f"ttl must be a number of seconds in (0, {MAX_TTL_S}]"
+        )
     return float(ttl)
 
 
@@ -108,20 +107,18 @@ class Steps:
 
     def __init__(self, uplink: Any, deadline: float) -> None:
         self._uplink = uplink
-        if uplink is not None:  # the client module's exceptions (playrun_client.py)
-            client = sys.modules[type(uplink).__module__]
-            self._refused: type[Exception] = client.Refused
-            self._unavailable: type[Exception] = client.Unavailable
         self._deadline = deadline  # time.monotonic() at the run's time limit
         self._lock = threading.Lock()
         # Keys being stepped in this process: (thread, done). A nested call with the same
         # key in the same thread could never finish; another thread waits for the first.
         self._active: dict[str, tuple[int, threading.Event]] = {}
 
+    code_of = staticmethod(code_of)  # for the runner, which imports this module lazily
+
     def step(self, key: Any, fn: Callable[[], Any], ttl: Any = None) -> Any:
         key, ttl = check_key(key), check_ttl(ttl)
         if not callable(fn):
-            raise StepError(STEP_INVALID, "fn must be callable with no arguments")
+            raise StepError(protocol.STEP_INVALID, "fn must be callable with no arguments")
         me = threading.get_ident()
         while True:
             with self._lock:
@@ -131,11 +128,15 @@ class Steps:
                     self._active[key] = (me, done)
                     break
             if holder[0] == me:
-                raise StepError(STEP_RECURSIVE, f"step {key[:200]!r} calls itself: its fn "
-                                                "called ctx.step with the same key")
+                raise StepError(
+                    protocol.STEP_RECURSIVE,
+                    f"step {key[:200]!r} calls itself: its fn called ctx.step with the same key",
+                )
             if not holder[1].wait(max(self._deadline - time.monotonic(), 0)):
-                raise StepError(STEP_UNAVAILABLE, f"step {key[:200]!r} is still running "
-                                                  "in another thread at the time limit")
+                raise StepError(
+                    protocol.STEP_UNAVAILABLE,
+                    f"step {key[:200]!r} is still running in another thread at the time limit",
+                )
         try:
             return self._run(key, fn, ttl)
         finally:
@@ -155,19 +156,32 @@ class Steps:
         try:
             output = fn()
         except Exception as exc:
-            self._report_failure(key, claim_id, code_of(exc) or PLAY_ERROR, _describe(exc))
+            self._report_failure(key, claim_id, code_of(exc) or protocol.PLAY_ERROR, _describe(exc))
             raise
         # A BaseException (the time limit, SystemExit) is not reported: the run ends, and
         # its release frees the receipt.
         value = self._kept(key, claim_id, output)
         try:
-            self._call({"action": "step_complete", "key": key, "claim_id": claim_id,
-                        "output": value, "ttl_s": ttl}, self._deadline)
+            self._call(
+                {
+                    "action": protocol.ACTION_STEP_COMPLETE,
+                    "key": key,
+                    "claim_id": claim_id,
+                    "output": value,
+                    "ttl_s": ttl,
+                },
+                self._deadline,
+            )
         except StepError as exc:
-            if exc.refused in (OUTPUT_INVALID, "GATEWAY_BAD_REQUEST", "GATEWAY_BODY_TOO_LARGE"):
-                self._report_failure(key, claim_id, OUTPUT_INVALID, exc.message)
-                raise StepError(OUTPUT_INVALID, f"the step output was refused: "
-                                                f"{exc.message}") from None
+            if exc.refused in (
+                protocol.OUTPUT_INVALID,
+                protocol.GATEWAY_BAD_REQUEST,
+                protocol.GATEWAY_BODY_TOO_LARGE,
+            ):
+                self._report_failure(key, claim_id, protocol.OUTPUT_INVALID, exc.message)
+                raise StepError(
+                    protocol.OUTPUT_INVALID, f"the step output was refused: {exc.message}"
+                ) from None
             raise
         return value
 
@@ -176,50 +190,57 @@ class Steps:
         text, problem = encode_output(output)
         if text is None:
             if claim_id is not None:
-                self._report_failure(key, claim_id, OUTPUT_INVALID, str(problem))
-            raise StepError(OUTPUT_INVALID, f"step {key[:200]!r}: {problem}")
+                self._report_failure(key, claim_id, protocol.OUTPUT_INVALID, str(problem))
+            raise StepError(protocol.OUTPUT_INVALID, f"step {key[:200]!r}: {problem}")
         return json.loads(text)
 
     def _claim(self, key: str, claim_id: str) -> dict[str, Any]:
         pause = WAIT_FIRST_S
         while True:
-            answer = self._call({"action": "step_claim", "key": key, "claim_id": claim_id},
-                                self._deadline)
+            answer = self._call(
+                {"action": protocol.ACTION_STEP_CLAIM, "key": key, "claim_id": claim_id},
+                self._deadline,
+            )
             state = answer.get("state") if isinstance(answer, dict) else None
             if state in ("reuse", "run"):
                 return dict(answer)
             if state != "wait":
-                raise StepError(STEP_REFUSED, f"the gateway answered {str(answer)[:200]}")
+                raise StepError(protocol.STEP_REFUSED, f"the gateway answered {str(answer)[:200]}")
             left = self._deadline - time.monotonic()
             if left <= 0:
-                raise StepError(STEP_UNAVAILABLE, f"step {key[:200]!r} is still held by "
-                                                  "another run at the time limit")
-            time.sleep(min(pause * random.uniform(0.8, 1.2), left))
+                raise StepError(
+                    protocol.STEP_UNAVAILABLE,
+                    f"step {key[:200]!r} is still held by another run at the time limit",
+                )
+            time.sleep(min(pause * client.jitter(), left))
             pause = min(pause * WAIT_GROWTH, WAIT_MAX_S)
 
     def _report_failure(self, key: str, claim_id: str, code: str, error: str) -> None:
         # If this fails, the step stays held until the run ends; its release frees it.
         with contextlib.suppress(StepError):
-            self._call({"action": "step_fail", "key": key, "claim_id": claim_id,
-                        "code": code, "error": error[:MAX_ERROR_CHARS]},
-                       min(self._deadline, time.monotonic() + FAIL_REPORT_S))
+            self._call(
+                {
+                    "action": protocol.ACTION_STEP_FAIL,
+                    "key": key,
+                    "claim_id": claim_id,
+                    "code": code,
+                    "error": error[:MAX_ERROR_CHARS],
+                },
+                min(self._deadline, time.monotonic() + FAIL_REPORT_S),
+            )
 
     def _call(self, body: dict[str, Any], deadline: float) -> Any:
         """One action, retried while the gateway is unavailable; refusals are StepErrors."""
-        pause = 0.1
-        while True:
-            try:
-                return self._uplink.gateway.call(self._uplink.token, body)
-            except self._refused as exc:
-                code = str(getattr(exc, "code", ""))
-                if code in STOP_CODES:
-                    self._uplink.on_stop(f"the gateway refused a step: {exc}")
-                raise StepError(code if code == RECEIPT_NOT_HELD else STEP_REFUSED,
-                                f"{body['action']} refused: {exc}", refused=code) from None
-            except self._unavailable as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StepError(STEP_UNAVAILABLE,
-                                    f"the gateway is unreachable: {exc}") from None
-                time.sleep(min(pause * random.uniform(0.5, 1.5), left))
-                pause = min(pause * 2, 2.0)
+        try:
+            return client.call_until(self._uplink, body, deadline)
+        except client.Refused as exc:
+            code = exc.code
+            raise StepError(
+                code if code == protocol.RECEIPT_NOT_HELD else protocol.STEP_REFUSED,
+                f"{body['action']} refused: {exc}",
+                refused=code,
+            ) from None
+        except client.Unavailable as exc:
+            raise StepError(
+                protocol.STEP_UNAVAILABLE, f"the gateway is unreachable: {exc}"
+            ) from None

@@ -28,6 +28,7 @@ from tasks.errors import (
     GatewayBadRequestError,
     GatewayBodyTooLargeError,
     GatewayError,
+    GatewayRateLimitedError,
     GatewayUnknownActionError,
     GatewayUnknownFieldError,
     PlayrunError,
@@ -37,6 +38,7 @@ from tasks.errors import (
 from tasks.gateway import observe
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.budgets import Budgets, retry_after_header
 from tasks.gateway.releases import ReleaseBatcher, Send
 from tasks.parse import untrusted
 from tasks.security import tokens
@@ -46,15 +48,27 @@ from tasks.store.db import session_scope
 log = logging.getLogger("playrun.gateway")
 
 MAX_BATCH = 50
+# The runner names the action it sends: its body is bounded by that action's limit before
+# a byte is read. Without it the bound is the largest of the token's actions.
+ACTION_HEADER = "x-playrun-action"
 # Status codes for the errors of the one tree that are not gateway errors.
 _STATUS: dict[type[PlayrunError], int] = {
     FenceLostError: 409, SheetWriteIntentInvalidError: 409, SheetWriteVersionMismatchError: 409,
 }
 
 
+# A lost fence says nothing of the run: a replayed token learns neither status nor code.
+FENCE_LOST_MESSAGE = "this token's attempt is not current"
+
+
 def refusal(exc: PlayrunError) -> JSONResponse:
     status = exc.status if isinstance(exc, GatewayError) else _STATUS.get(type(exc), 400)
-    return JSONResponse({"code": exc.code, "error": exc.message}, status_code=status)
+    message = FENCE_LOST_MESSAGE if isinstance(exc, FenceLostError) else exc.message
+    if isinstance(exc, GatewayRateLimitedError):
+        return JSONResponse({"code": exc.code, "error": message,
+                             "retry_after_s": round(exc.retry_after_s, 3)}, status_code=status,
+                            headers={"Retry-After": retry_after_header(exc.retry_after_s)})
+    return JSONResponse({"code": exc.code, "error": message}, status_code=status)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -69,6 +83,28 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise GatewayBodyTooLargeError(f"the body is larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def body_limit(request: Request, grant: tokens.Grant,
+               settings: Settings) -> tuple[int, str | None]:
+    """(bytes the body may have, the action the header names if any)."""
+    hinted = request.headers.get(ACTION_HEADER)
+    if hinted is not None:
+        action = ACTIONS.get(hinted)
+        if action is None:
+            raise GatewayUnknownActionError(f"unknown action {hinted[:100]!r}")
+        return min(action.max_bytes, settings.gateway_max_body_bytes), hinted
+    allowed = [a.max_bytes for a in ACTIONS.values() if a.capability in grant.capabilities]
+    return min(max(allowed, default=0), settings.gateway_max_body_bytes), None
+
+
+def check_sizes(actions: list[Action], size: int, hinted: str | None) -> None:
+    """What the body's actions turned out to be bounds it too, before they are validated."""
+    if hinted is not None and any(a.name != hinted for a in actions):
+        raise GatewayBadRequestError(f"the body holds actions other than {hinted[:100]!r}")
+    limit = max(a.max_bytes for a in actions)
+    if size > limit:
+        raise GatewayBodyTooLargeError(f"the body is larger than {limit} bytes")
 
 
 def bearer(request: Request) -> str:
@@ -93,7 +129,8 @@ def _validate(action: Action, item: dict[str, Any]) -> ActionRequest:
             f"{action.name}: {where}: {first['msg']}"[:500]) from None
 
 
-def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple[Action, Any]]:
+def plan(doc: Any, grant: tokens.Grant, size: int = 0,
+         hinted: str | None = None) -> list[tuple[Action, Any]]:
     """Every action of the request, resolved and allowed, or the first refusal."""
     if not isinstance(doc, dict):
         raise GatewayBadRequestError("the body must be a JSON object")
@@ -105,18 +142,19 @@ def plan(doc: Any, grant: tokens.Grant, withdrawn: frozenset[str]) -> list[tuple
             raise GatewayBadRequestError(f"`actions` must list 1 to {MAX_BATCH} actions")
     else:
         items = [doc]
-    planned = []
+    resolved = []
     for item in items:
         name = item.get("action") if isinstance(item, dict) else None
         if not isinstance(name, str):
             raise GatewayBadRequestError("each action needs an `action` name")
         action = ACTIONS.get(name)
-        if action is None or name in withdrawn:
+        if action is None:
             raise GatewayUnknownActionError(f"unknown action {name[:100]!r}")
         if action.capability not in grant.capabilities:
             raise CapabilityDeniedError(f"{name} needs the {action.capability} capability")
-        planned.append((action, _validate(action, item)))
-    return planned
+        resolved.append((action, item))
+    check_sizes([a for a, _ in resolved], size, hinted)
+    return [(action, _validate(action, item)) for action, item in resolved]
 
 
 async def run_action(action: Action, grant: tokens.Grant, model: ActionRequest,
@@ -131,19 +169,30 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
     beats = BeatBatcher(settings.heartbeat_timeout_s, settings.gateway_beat_window_s)
     releases = ReleaseBatcher(send_task, RELEASE_BATCH_WINDOW_S)
     ctx = Context(settings=settings, beats=beats, releases=releases)
-    withdrawn = frozenset(settings.gateway_withdrawn_actions)
+    budgets = Budgets(settings.gateway_attempt_requests_per_s,
+                      settings.gateway_attempt_request_burst,
+                      settings.gateway_attempt_bytes_per_s,
+                      float(settings.gateway_max_body_bytes) * 2,
+                      settings.gateway_attempt_in_flight)
 
     async def runtime(request: Request) -> JSONResponse:
         started = time.perf_counter()
         label, code = observe.UNKNOWN, observe.OK
+        admitted: tuple[str, int] | None = None
         try:
-            body = await read_body(request, settings.gateway_max_body_bytes)
             grant = tokens.verify(bearer(request), settings.secret_key)
+            limit, hinted = body_limit(request, grant, settings)
+            declared = request.headers.get("content-length", "")
+            attempt = (grant.run_id, grant.generation)
+            budgets.admit(attempt, int(declared) if declared.isdigit() else limit)
+            admitted = attempt
+            body = await read_body(request, limit)
             try:
-                doc = untrusted.parse(body, max_bytes=settings.gateway_max_body_bytes)
+                doc = untrusted.parse(body, max_bytes=limit,
+                                      max_values=settings.gateway_max_body_values)
             except DocumentInvalidError as exc:
                 raise GatewayBadRequestError(f"the body is not usable: {exc.message}") from None
-            planned = plan(doc, grant, withdrawn)
+            planned = plan(doc, grant, len(body), hinted)
             label = observe.request_label([a.name for a, _ in planned], "actions" in doc)
             results = []
             for action, model in planned:
@@ -162,6 +211,8 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             code = "GATEWAY_INTERNAL"
             return JSONResponse({"code": code, "error": "internal error"}, status_code=500)
         finally:
+            if admitted is not None:
+                budgets.release(admitted)
             observe.request(label, code, time.perf_counter() - started)
         if "actions" in doc:
             return JSONResponse({"ok": True, "results": results})

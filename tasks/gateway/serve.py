@@ -20,8 +20,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import REGISTRY
 
-from tasks.admission.broker import send_tasks
-from tasks.broker.app import app
+from tasks.broker.publish import publisher
 from tasks.gateway.app import create_app
 from tasks.observe import serve as metrics_serve
 from tasks.settings import Settings
@@ -47,9 +46,9 @@ def prepare_socket(path: Path) -> None:
 
 
 def _send(name: str, args: list[Any], queue_name: str) -> None:
-    """One task message by admission's lean publish (kombu's envelope in one LPUSH):
-    Celery's send_task was a tenth of the gateway's CPU."""
-    send_tasks(app, [(str(uuid.uuid4()), name, args)], queue_name)
+    """One task message by the lean publish (kombu's envelope in one LPUSH): Celery's
+    send_task was a tenth of the gateway's CPU."""
+    publisher().send_many([(str(uuid.uuid4()), name, args)], queue_name)
 
 
 async def _serve(settings: Settings) -> None:
@@ -73,7 +72,9 @@ async def _serve(settings: Settings) -> None:
     log.info("gateway listening on http://%s:%s and %s", host, port, socket_path)
 
     async def chmod_when_bound() -> None:
-        while not uds.started:
+        while not (tcp.started and uds.started):  # "ready" only once both listen
+            if tcp.should_exit or uds.should_exit:
+                return
             await asyncio.sleep(0.01)
         os.chmod(socket_path, 0o666)
         print(f"playrun gateway ready on http://{host}:{port} and unix:{socket_path}",

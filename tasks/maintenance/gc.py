@@ -1,4 +1,4 @@
-"""Sandbox GC (SPEC 4.12): delete listed sandboxes that nothing current owns.
+"""Sandbox GC (docs/design.md): delete listed sandboxes that nothing current owns.
 
 A sandbox is kept only while it is recorded live for the current, active attempt
 of a non-terminal run, or is younger than the grace period (it may be between
@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from models import Attempt, Run, RuntimeResource, db_now
 from tasks.constants import (
+    LABEL_FLEET,
     LABEL_GENERATION,
     LABEL_MANAGED,
     LABEL_RUN,
@@ -34,6 +35,7 @@ log = logging.getLogger("playrun.gc")
 @dataclass
 class GcReport:
     listed: int = 0
+    other_fleet: int = 0  # another fleet's: its own GC judges them
     kept: int = 0
     young: int = 0
     deleted: list[tuple[str, str, str]] = field(default_factory=list)  # provider, id, why
@@ -87,12 +89,17 @@ def _mark_deleted(provider: str, sandbox_id: str) -> None:
 
 
 def collect(providers: list[SandboxProvider], grace_s: float, *,
-            now: float | None = None) -> GcReport:
+            now: float | None = None, fleet: str | None = None) -> GcReport:
+    """One pass; with `fleet`, another fleet's sandboxes on a shared account are left be
+    (a sandbox without a fleet label predates them and is judged here)."""
     report = GcReport()
     now = time.time() if now is None else now
     for provider in providers:
         for ref in provider.list({LABEL_MANAGED: "1"}):
             report.listed += 1
+            if fleet is not None and ref.labels.get(LABEL_FLEET, fleet) != fleet:
+                report.other_fleet += 1
+                continue
             if now - ref.created_at < grace_s:
                 report.young += 1
                 continue

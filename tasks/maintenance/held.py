@@ -20,6 +20,7 @@ from typing import Any
 import redis
 from celery.signals import task_postrun, task_received, worker_init
 
+from tasks.broker.publish import publisher
 from tasks.constants import KEY_HELD_STARTS, QUEUE, TASK_START_ATTEMPT
 from tasks.maintenance.restart import end_previous_leases
 from tasks.sandbox.runtime import NODE_ENV
@@ -66,7 +67,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def connect(app: Any) -> None:
+def connect() -> None:
     """Hook the worker's signals (called once, where the tasks are defined)."""
 
     def _received(sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -109,7 +110,7 @@ def connect(app: Any) -> None:
         try:
             held = take_held(redis_client(), node)
             for run_id in held:
-                app.send_task(TASK_START_ATTEMPT, args=[run_id], queue=QUEUE)
+                publisher().send(TASK_START_ATTEMPT, [run_id], queue=QUEUE)
         except Exception as exc:  # noqa: BLE001 - the outbox sweep re-sends them anyway
             log.warning("cannot re-send the starts held before a restart: %s", exc)
             return

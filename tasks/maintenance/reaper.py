@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
 
 import sqlalchemy as sa
 
 from models import Attempt, CapacityLease, Run, RuntimeResource, db_now
 from tasks.acquisition.capacity import HELD, RELEASED, RESERVED
 from tasks.acquisition.deferral import defer
-from tasks.broker.app import send
+from tasks.broker.publish import send
 from tasks.constants import (
     QUEUE,
     RELEASE_QUEUE,
@@ -126,12 +125,12 @@ def _adopt(run_id: str, settings: Settings) -> Adopted | None:
                        attempt.runner_started_at is not None, overdue, attempt.host_queue)
 
 
-def _recover(adopted: Adopted, settings: Settings, app: Any, report: ReapReport) -> None:
+def _recover(adopted: Adopted, settings: Settings, report: ReapReport) -> None:
     fence = adopted.fence
     queue = adopted.host_queue or QUEUE
     if not adopted.launched:
         # Nothing of the customer's ran: deferring (and so retrying) is safe.
-        defer(fence, "worker_lost", settings, app,
+        defer(fence, "worker_lost", settings,
               detail="the worker starting this attempt stopped before the runner launched")
         report.adopted_precode.append(fence.run_id)
     elif adopted.overdue:
@@ -167,7 +166,7 @@ def resend_cancels(settings: Settings) -> int:
     return len(rows)
 
 
-def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
+def recover_expired(settings: Settings, report: ReapReport) -> None:
     with session_scope(readonly=True) as session:
         run_ids = list(session.scalars(
             sa.select(Attempt.run_id).join(Run, Run.id == Attempt.run_id).where(
@@ -177,7 +176,7 @@ def recover_expired(settings: Settings, app: Any, report: ReapReport) -> None:
         try:
             adopted = _adopt(run_id, settings)
             if adopted is not None:
-                _recover(adopted, settings, app, report)
+                _recover(adopted, settings, report)
         except Exception as exc:  # noqa: BLE001 - one run's trouble must not stop the pass
             # The next pass tries again, a bounded number of times (trouble.py).
             note_failure(run_id, exc, "the reaper's recovery")
@@ -221,10 +220,10 @@ def retry_releases(report: ReapReport, grace_s: float = 0.0, limit: int = BATCH)
         report.releases_retried += 1
 
 
-def reap(settings: Settings, app: Any) -> ReapReport:
+def reap(settings: Settings) -> ReapReport:
     report = ReapReport()
     report.reservations_expired = expire_reservations()
-    recover_expired(settings, app, report)
+    recover_expired(settings, report)
     resend_cancels(settings)
     retry_releases(report, settings.release_grace_s)
     report.receipts_released = release_orphans()

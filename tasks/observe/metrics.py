@@ -55,6 +55,15 @@ class _Metrics:
         self.starts = Counter("playrun_starts_total",
                               "Start permits granted, by org (this process names at most "
                               "PLAYRUN_METRICS_TOP_ORGS, the rest \"other\").", ["org"])
+        self.creates = Counter("playrun_provider_creates_total",
+                               "Sandbox creates, by provider and result (ok or error kind).",
+                               ["provider", "result"])
+        self.failovers = Counter("playrun_placement_failovers_total",
+                                 "Attempts passed from a provider to the next, by provider "
+                                 "left and cause.", ["provider", "cause"])
+        self.placements = Counter("playrun_placements_total",
+                                  "Providers placement chose, by provider and reason.",
+                                  ["provider", "reason"])
         self.deferrals = Counter("playrun_deferrals_total",
                                  "Pre-code deferrals scheduled, by cause.", ["cause"])
         self.runners_lost = Counter("playrun_runners_lost_total",
@@ -153,6 +162,21 @@ def start(org: str) -> None:
 def penalty(bucket: str) -> None:
     if (m := _get()) is not None:
         m.penalties.labels(bucket).inc()
+
+
+def provider_create(provider: str, result: str) -> None:
+    if (m := _get()) is not None:
+        m.creates.labels(provider, result).inc()
+
+
+def failover(provider: str, cause: str) -> None:
+    if (m := _get()) is not None:
+        m.failovers.labels(provider, cause).inc()
+
+
+def placed(provider: str, reason: str) -> None:
+    if (m := _get()) is not None:
+        m.placements.labels(provider, reason.split(" ", 1)[0]).inc()
 
 
 def deferred(cause: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from tasks.errors import DocumentInvalidError
@@ -19,6 +20,29 @@ from tasks.errors import DocumentInvalidError
 MAX_DEPTH = 64
 # Integers beyond a signed 64-bit range do not survive every JSON consumer of the ledger.
 MAX_INT = 2**63 - 1
+
+
+# A JSON string, escapes included: what is inside one is never structure.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_STRUCTURE = (b"[", b"{", b",", b":")
+
+
+def _structure(raw: bytes) -> int:
+    return sum(raw.count(token) for token in _STRUCTURE)
+
+
+def structure_count(raw: bytes) -> int:
+    """Brackets, braces, commas and colons outside strings: what decoding costs per value,
+    counted at C speed before any value is built."""
+    return _structure(_STRING.sub(b'""', raw))
+
+
+def _check_cost(raw: bytes, max_values: int) -> None:
+    # The plain count is an upper bound (it counts inside strings too): most documents
+    # stop there; only a suspect one pays for the exact count.
+    if _structure(raw) > max_values and structure_count(raw) > max_values:
+        raise DocumentInvalidError(f"the document has more than {max_values} values",
+                                   reason="values")
 
 
 def _refuse_constant(name: str) -> Any:
@@ -104,12 +128,17 @@ def storable(value: Any, *, max_depth: int = MAX_DEPTH) -> Any:
     return root[0]
 
 
-def parse(raw: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
-    """Decode one JSON document from a sandbox; see the module docstring."""
+def parse(raw: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH,
+          max_values: int | None = None) -> Any:
+    """Decode one JSON document from a sandbox; see the module docstring. `max_values`
+    bounds its structure (structure_count) before it is decoded."""
     size = len(raw)
     if size > max_bytes:
         raise DocumentInvalidError(f"the document is {size} bytes; the limit is {max_bytes}",
                                    reason="size")
+    if max_values is not None:
+        _check_cost(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw,
+                    max_values)
     if isinstance(raw, bytes):
         try:
             text = raw.decode("utf-8")

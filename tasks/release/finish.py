@@ -33,7 +33,7 @@ def _flags(fence: Fence) -> tuple[bool, bool]:
 
 def finish(fence: Fence, outcome: Outcome, reason: str) -> Settled | None:
     """Settle, then release. With a cancel requested, the sandbox goes before the final run
-    write (SPEC 4.10). If the write fails while this holder is still the active one (its
+    write (docs/design.md). If the write fails while this holder is still the active one (its
     lease merely ran out), nothing is released: the reaper adopts the attempt and settles
     it from the sandbox, which must still be there. None when the fence was lost."""
     if _flags(fence)[1]:

@@ -1,4 +1,4 @@
-"""Release the work receipts an attempt still holds when it ends (SPEC 4.7).
+"""Release the work receipts an attempt still holds when it ends (docs/design.md).
 
 Pending or running receipts of an attempt whose launch can no longer write become
 `released`, so the next run claims them at once; one `receipts.released` event records

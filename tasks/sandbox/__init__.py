@@ -1,11 +1,11 @@
-"""Sandbox providers behind one provider-neutral interface (SPEC 4.5)."""
+"""Sandbox providers behind one provider-neutral interface (docs/providers/)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import ConfigurationError
+from tasks.sandbox import providers
 from tasks.sandbox.base import (
     ERROR_KINDS,
     CapacityUnavailableError,
@@ -49,10 +49,7 @@ PROVIDERS: dict[str, type[LocalProvider]] = {"local": LocalProvider, "fake": Fak
 
 def get_provider(name: str, root: Path, **opts: Any) -> SandboxProvider:
     """A provider by name; `opts` go to its constructor (e.g. pid_namespace=False)."""
-    try:
-        cls = PROVIDERS[name]
-    except KeyError:
-        raise ConfigurationError(
-            f"unknown sandbox provider {name!r}; known: {sorted(PROVIDERS)}"
-        ) from None
+    cls = PROVIDERS.get(name)
+    if cls is None:
+        return providers.load(name, Path(root), opts.get("settings"))
     return cls(Path(root), **opts)

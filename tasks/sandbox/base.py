@@ -1,4 +1,4 @@
-"""The provider-neutral sandbox interface and its error taxonomy (SPEC 4.5)."""
+"""The provider-neutral sandbox interface and its error taxonomy (docs/providers/)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ class ProviderError(PlayrunError):
 
     code = "PROVIDER_ERROR"
     kind: ErrorKind = "other"
+
+    def __init__(self, message: str = "", *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        # The server's own hint (Retry-After and the like): the start waits at least this.
+        self.retry_after_s = retry_after_s
 
 
 class CapacityUnavailableError(ProviderError):
@@ -77,9 +82,10 @@ _BY_KIND: dict[str, type[ProviderError]] = {
 }
 
 
-def error_for_kind(kind: str, message: str = "") -> ProviderError:
+def error_for_kind(kind: str, message: str = "", *,
+                   retry_after_s: float | None = None) -> ProviderError:
     """The ProviderError subclass instance for a kind name (unknown kinds map to 'other')."""
-    return _BY_KIND.get(kind, ProviderError)(message)
+    return _BY_KIND.get(kind, ProviderError)(message, retry_after_s=retry_after_s)
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,12 @@ class SandboxSpec:
     cpu_seconds: int | None = None  # RLIMIT_CPU; None: derived from the wall-clock timeout
     max_processes: int | None = None  # RLIMIT_NPROC in strict mode; None: the setting
     max_dir_mb: int | None = None  # disk cap of the sandbox directory; None: the setting
+    # Unique per attempt: a create retried with the same key gives the same sandbox.
+    key: str = ""
+    # Provider-side hard lifetime, the last defence against a fleet that went dark.
+    lifetime_s: float | None = None
+    # Hosts the sandbox may reach (the gateway's); None: no limit asked.
+    egress_hosts: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

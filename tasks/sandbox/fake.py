@@ -1,7 +1,7 @@
 """The `fake` provider: the local provider plus a fault script shared by every process.
 
 Tests and benchmarks script faults in `<root>/fake-script.json`; worker subprocesses consume
-them under an flock, so each scripted fault is used exactly once fleet-wide (SPEC 4.5).
+them under an flock, so each scripted fault is used exactly once fleet-wide (docs/providers/).
 """
 
 from __future__ import annotations
@@ -144,9 +144,6 @@ class FakeScript:
             rejected = state["creates_rejected"]
             rejected[kind] = rejected.get(kind, 0) + 1
         return kind
-
-    def take_lost_runner(self) -> bool:
-        return self.take_launch()[0]
 
     def take_launch(self) -> tuple[bool, bool]:
         """For one exec, under one lock: (this runner is to be lost, runners are hosted)."""

@@ -21,7 +21,10 @@ def _provider(name: str, root: str, pid: int) -> SandboxProvider:
 
 def provider(name: str | None = None) -> SandboxProvider:
     settings = get_settings()
-    return _provider(name or settings.sandbox_provider, str(settings.sandbox_root), os.getpid())
+    name = name or settings.primary_provider
+    # Two providers of one host keep their sandboxes apart: the same key names one each.
+    root = settings.sandbox_root if len(settings.served) == 1 else settings.sandbox_root / name
+    return _provider(name, str(root), os.getpid())
 
 
 # Set by a worker's main process at start-up (inherited by its pool children), so the
@@ -41,7 +44,7 @@ def host_queue(provider_name: str | None = None) -> str | None:
     their own roots are two hosts, even on one machine. None: any worker reaches it.
     """
     settings = get_settings()
-    name = provider_name or settings.sandbox_provider
+    name = provider_name or settings.primary_provider
     if name != "local":
         return None
     root = str(Path(settings.sandbox_root).resolve())

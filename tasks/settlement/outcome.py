@@ -10,22 +10,19 @@ from tasks.constants import (
     MAX_OUTPUT_BYTES,
     MAX_RESULT_FILE_BYTES,
     OUTPUT_INVALID,
+    PLAY_ERROR,
+    PLAY_NOT_FOUND,
     RUN_TIMEOUT,
     RUNTIME_RUNNER_LOST,
-    RUNTIME_SHEET_ATTEMPT_SUPERSEDED,
-    RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE,
-    STEP_CODES,
     RunStatus,
 )
 from tasks.errors import DocumentInvalidError
 from tasks.parse import untrusted
 from tasks.parse.untrusted import encoded_size, storable_text
+from tasks.protocol import MAX_ERROR_CHARS, RUNNER_CODES
 
-_KNOWN_CODES = frozenset({
-    "PLAY_NOT_FOUND", "PLAY_INVALID", "PLAY_ERROR", "OUTPUT_INVALID", "INPUT_INVALID",
-    "RUN_TIMEOUT", RUNTIME_SHEET_ATTEMPT_SUPERSEDED, RUNTIME_SHEET_WRITE_INTENT_UNAVAILABLE,
-}) | STEP_CODES
-MAX_ERROR_CHARS = 8192
+# A result's code is kept only if a runner may fail with it; any other is PLAY_ERROR.
+KNOWN_CODES = RUNNER_CODES | {PLAY_NOT_FOUND}
 
 
 @dataclass(frozen=True)
@@ -50,11 +47,12 @@ def from_document(doc: Any) -> Outcome:
     if doc.get("status") == RunStatus.SUCCEEDED and "output" in doc:
         size = encoded_size(doc["output"])
         if size > MAX_OUTPUT_BYTES:
-            return Outcome.failed(OUTPUT_INVALID,
-                                  f"output is {size} bytes; the limit is {MAX_OUTPUT_BYTES}")
+            return Outcome.failed(
+                OUTPUT_INVALID, f"output is {size} bytes; the limit is {MAX_OUTPUT_BYTES}"
+            )
         return Outcome(RunStatus.SUCCEEDED, output=doc["output"])
     if doc.get("status") == RunStatus.FAILED and isinstance(doc.get("code"), str):
-        code = doc["code"] if doc["code"] in _KNOWN_CODES else "PLAY_ERROR"
+        code = doc["code"] if doc["code"] in KNOWN_CODES else PLAY_ERROR
         return Outcome.failed(code, str(doc.get("error") or code))
     return Outcome.failed(OUTPUT_INVALID, "the result has an unknown shape")
 

@@ -116,7 +116,7 @@ def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
             if run.status in TERMINAL_STATUSES:
                 return Settled(False, _current(run))
             if run.cancel_requested_at is not None:
-                # A cancel recorded before any terminal won decides the outcome (SPEC 4.10).
+                # A cancel recorded before any terminal won decides the outcome (docs/design.md).
                 return _end(session, run, attempt, CANCELLED_OUTCOME, CANCEL_REASON)
             return _end(session, run, attempt, chosen, reason)
 
@@ -128,7 +128,7 @@ def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
 
 def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
     """A terminal pushed by the runner. With a cancel requested nothing is written here:
-    the cancel deletes the sandbox first and then writes `cancelled` (SPEC 4.10)."""
+    the cancel deletes the sandbox first and then writes `cancelled` (docs/design.md)."""
 
     def write(chosen: Outcome) -> Settled:
         def fast(cur: psycopg.Cursor[Any]) -> Settled | None:

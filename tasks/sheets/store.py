@@ -26,7 +26,7 @@ from tasks.errors import SheetWriteIntentInvalidError, SheetWriteVersionMismatch
 from tasks.parse.untrusted import encoded_size
 from tasks.store.db import is_postgres
 
-# Why a row write (or a row of an admitted page) was refused (SPEC 4.8).
+# Why a row write (or a row of an admitted page) was refused (docs/design.md).
 NEWER = "newer_write_version"  # a later admission owns the row
 OLDER = "older_write_version"  # the row was never admitted under the writer's version
 ALREADY_TERMINAL = "already_terminal"  # same version, result already written: benign

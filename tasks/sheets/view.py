@@ -22,6 +22,9 @@ EXPORT_COLUMNS = ("key", "status", "write_version", "data", "result", "error", "
 
 @dataclass(frozen=True)
 class SheetRowView:
+    """One row of a runtime sheet: its key, the data the play admitted, its result or
+    error, its status and the write version that admitted it."""
+
     key: str
     data: Any
     result: Any

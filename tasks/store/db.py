@@ -289,7 +289,8 @@ def downgrade(url: str | None = None, revision: str = "base") -> None:
 
 
 def head_revision() -> str:
-    """The revision this code needs (tests/test_migrations.py checks it is Alembic's head)."""
+    """The revision this code needs (tests/integration/test_migrations.py checks it is
+    Alembic's head)."""
     return SCHEMA_REVISION
 
 

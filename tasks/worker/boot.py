@@ -12,8 +12,10 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import celeryd_after_setup
 
-from tasks.broker.app import app, queue
+from tasks.acquisition.placement import announce
+from tasks.broker.app import app, provider_queue, queue
 from tasks.errors import PlayrunError
+from tasks.sandbox import providers
 from tasks.sandbox.local import check_isolation
 from tasks.sandbox.runtime import host_queue
 from tasks.settings import get_settings
@@ -37,7 +39,9 @@ class SchemaCheck(bootsteps.Step):
         try:
             settings = get_settings().check_for_server()
             require_current_schema()
-            if settings.sandbox_provider == "local":
+            # The SDKs are imported in each pool process after fork, never here.
+            providers.check_served(settings.served)
+            if "local" in settings.served:
                 check_isolation(settings)  # strict configured but unavailable: refuse
         except PlayrunError as exc:
             log.critical("refusing to start: %s", exc)
@@ -46,11 +50,20 @@ class SchemaCheck(bootsteps.Step):
 
 @celeryd_after_setup.connect
 def _consume_host_queue(sender: Any, instance: Any, **_kwargs: Any) -> None:
-    """Sandboxes only this host reaches are inspected and deleted through its own queue."""
-    name = host_queue()
-    if name is not None:
-        instance.app.amqp.queues.select_add(queue(name))
-        log.info("consuming this host's sandbox queue %s", name)
+    """Sandboxes only this host reaches are inspected and deleted through its own queue;
+    starts placed on a provider arrive on that provider's queue."""
+    served = get_settings().served
+    for provider in served:
+        name = host_queue(provider)
+        if name is not None:
+            instance.app.amqp.queues.select_add(queue(name))
+            log.info("consuming this host's sandbox queue %s", name)
+        instance.app.amqp.queues.select_add(queue(provider_queue(provider)))
+    log.info("serving sandbox providers %s", ", ".join(served))
+    try:
+        announce(served)
+    except Exception as exc:  # noqa: BLE001 - only `placement set` reads it
+        log.warning("cannot announce the providers this worker serves: %s", exc)
 
 
 if SchemaCheck not in app.steps["worker"]:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from celery import Task
 
 from models import Attempt, Run, db_now
+from tasks.acquisition import placement
 from tasks.acquisition.claim import Skip, Skipped, seconds_until_due
 from tasks.acquisition.deferral import defer
 from tasks.acquisition.fairshare import relay as fair_relay
@@ -57,28 +58,30 @@ from tasks.store.db import session_scope
 from tasks.store.fence import Fence, hold
 
 log = logging.getLogger("playrun.jobs")
-held.connect(app)
+held.connect()
 
 
 @app.task(name=TASK_START_ATTEMPT, bind=True, max_retries=None)
-def start_attempt(self: Task, run_id: str) -> str:
+def start_attempt(self: Task, run_id: str, routed: str | None = None) -> str:
+    """`routed`: the provider the start was placed on (its queue), if any."""
     settings = get_settings()
     if settings.start_order != StartOrder.FAIR:
-        return _start(self, run_id, settings, None)
+        return _start(self, run_id, routed, settings, None)
     task_id = str(self.request.id)
 
     def past_permit() -> None:
-        fair_relay.taken(app, task_id, settings)
+        fair_relay.taken(task_id, settings)
 
     try:
-        return _start(self, run_id, settings, past_permit)
+        return _start(self, run_id, routed, settings, past_permit)
     finally:
         past_permit()  # every other way out (a second report changes nothing)
 
 
-def _start(self: Task, run_id: str, settings: Settings,
+def _start(self: Task, run_id: str, routed: str | None, settings: Settings,
            past_permit: Callable[[], None] | None) -> str:
-    opened = open_attempt(run_id, settings)
+    placement.renew(settings.served)
+    opened = open_attempt(run_id, settings, routed)
     if isinstance(opened, Skipped):
         if opened.reason == Skip.LOCKED:
             raise self.retry(countdown=1)  # another worker holds the run row right now
@@ -94,7 +97,7 @@ def _start(self: Task, run_id: str, settings: Settings,
     claimed = opened.claimed
     fence = claimed.fence
     try:
-        acquired = acquire_sandbox(opened, settings, app, past_permit)
+        acquired = acquire_sandbox(opened, settings, routed, past_permit)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:
@@ -111,10 +114,10 @@ def _start(self: Task, run_id: str, settings: Settings,
         finish(fence, CANCELLED_OUTCOME, CANCEL_REASON)
     elif launched.step == Launch.VANISHED:
         # The sandbox vanished before exec: no customer code ran, retrying is safe.
-        defer(fence, "transport", settings, app, detail=launched.error[:200])
+        defer(fence, "transport", settings, detail=launched.error[:200])
     elif launched.step == Launch.NO_ROOM:
         # As a create refused for space: the start waits for room instead of failing.
-        defer(fence, "provider_capacity", settings, app, detail=launched.error[:200])
+        defer(fence, "provider_capacity", settings, detail=launched.error[:200])
     elif launched.step == Launch.FAILED:
         finish(fence, Outcome.failed(SANDBOX_START_FAILED, launched.error), "start_failed")
     elif launched.step == Launch.AMBIGUOUS:
@@ -136,13 +139,14 @@ def release_attempts_task(holders: list[Any]) -> int:
     return release_attempts(holders)
 
 
-def _quiet_attempt(run_id: str, generation: int, token: str) -> tuple[str | None, bool] | None:
+def _quiet_attempt(run_id: str, generation: int,
+                   token: str) -> tuple[str | None, bool, str | None] | None:
     with session_scope(readonly=True) as session:
         row = session.execute(sa.select(
-            Attempt.sandbox_id, Attempt.runner_deadline < db_now(),
+            Attempt.sandbox_id, Attempt.runner_deadline < db_now(), Attempt.provider,
         ).where(Attempt.run_id == run_id, Attempt.generation == generation,
                 Attempt.lease_token == token, Attempt.state == AttemptState.ACTIVE)).first()
-    return (row[0], bool(row[1])) if row else None
+    return (row[0], bool(row[1]), row[2]) if row else None
 
 
 def _keep_running(fence: Fence) -> None:
@@ -164,16 +168,17 @@ def inspect_attempt(run_id: str, generation: int, lease_token: str) -> None:
     found = _quiet_attempt(run_id, generation, lease_token)
     if found is None:
         return  # settled or adopted meanwhile
-    sandbox_id, past_deadline = found
+    sandbox_id, past_deadline, sandbox_provider = found
     fence = Fence(run_id, generation, lease_token)
     try:
-        inspected = inspect(provider(), sandbox_id, past_deadline=past_deadline)
+        inspected = inspect(provider(sandbox_provider), sandbox_id,
+                            past_deadline=past_deadline)
         if inspected.verdict == Verdict.KEEP:
             _keep_running(fence)
             return
         if inspected.verdict == Verdict.NEVER_RAN:
             # Its worker died between recording the launch and exec: trying again is safe.
-            defer(fence, "worker_lost", get_settings(), app,
+            defer(fence, "worker_lost", get_settings(),
                   detail="the runner was never started")
             return
         outcome = inspected.outcome
@@ -216,20 +221,21 @@ def watchdog_ping() -> None:
 def sweep_outbox() -> int:
     settings = get_settings()
     if settings.start_order == StartOrder.FAIR:
-        return (publish_due(app, without_org=True)
-                + resend_stale(app, after_s=settings.outbox_resend_after_s, requeue=True)
-                + fair_relay.pump(app, settings))
-    return publish_due(app) + resend_stale(app, after_s=settings.outbox_resend_after_s)
+        return (publish_due(without_org=True)
+                + resend_stale(after_s=settings.outbox_resend_after_s, requeue=True)
+                + fair_relay.pump(settings))
+    return publish_due() + resend_stale(after_s=settings.outbox_resend_after_s)
 
 
 @app.task(name=TASK_REAP)
 def reap_attempts() -> dict[str, Any]:
-    report = reap(get_settings(), app)
+    report = reap(get_settings())
     return report.__dict__
 
 
 @app.task(name=TASK_SANDBOX_GC)
 def sandbox_gc() -> dict[str, Any]:
     settings = get_settings()
-    report = collect([provider()], settings.gc_grace_s)
+    report = collect([provider(name) for name in settings.served], settings.gc_grace_s,
+                     fleet=settings.fleet)
     return report.__dict__

@@ -1,4 +1,4 @@
-"""A work receipt's key and the liveness of its owner (SPEC 4.7).
+"""A work receipt's key and the liveness of its owner (docs/design.md).
 
 A receipt is keyed by sha256 of (org, play name, step key) and owned by the launch of the
 attempt that claimed it.

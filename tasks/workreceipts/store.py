@@ -6,6 +6,9 @@ later ones lock it. A claim answers `reuse` (a completed, unexpired receipt: its
 output), `run` (this call now holds it and runs fn) or `wait` (another live attempt holds
 it; poll again). A receipt whose holder ended, was fenced out or went silent is taken over
 by the next claim. The org and play come from the run row, never from the runner.
+
+The ledger rows they write are budgeted per attempt (`max_events`, all step kinds
+together): a reused key writes one `step.reused` row per attempt and counts repeats on it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models import Run, WorkReceipt, db_now
-from tasks.constants import MAX_STEP_OUTPUT_BYTES, RECEIPT_HELD, EventKind, ReceiptState
+from tasks.constants import (
+    MAX_STEP_OUTPUT_BYTES,
+    RECEIPT_HELD,
+    STEP_EVENTS,
+    EventKind,
+    ReceiptState,
+)
 from tasks.errors import ReceiptNotHeldError, StepOutputInvalidError
 from tasks.parse.untrusted import encoded_size
 from tasks.store import ledger
@@ -64,7 +73,14 @@ def _key_of(run: Run, step_key: str) -> str:
     return receipt_key(run.org_id, play_name(run.play_path), step_key)
 
 
-def claim(fence: LaunchFence, step_key: str, claim_id: str, grace_s: float) -> dict[str, Any]:
+def _append(session: Session, fence: LaunchFence, kind: EventKind, data: dict[str, Any],
+            max_events: int) -> None:
+    ledger.append_budgeted(session, fence.run_id, fence.generation, kind, data,
+                           group="steps", kinds=STEP_EVENTS, budget=max_events)
+
+
+def claim(fence: LaunchFence, step_key: str, claim_id: str, grace_s: float,
+          max_events: int) -> dict[str, Any]:
     """`run` (this call holds the receipt now), `reuse` (its stored output) or `wait`."""
     with session_scope() as session:
         run, _attempt = hold_launch(session, fence)
@@ -80,9 +96,10 @@ def claim(fence: LaunchFence, step_key: str, claim_id: str, grace_s: float) -> d
             assert found is not None
         receipt, fresh, live = found
         if receipt.status == ReceiptState.COMPLETED and fresh:
-            ledger.append(session, fence.run_id, EventKind.STEP_REUSED,
-                          {"key": step_key, "computed_by": receipt.owner_run_id},
-                          fence.generation)
+            if not ledger.bump_reused(session, fence.run_id, fence.generation, step_key):
+                _append(session, fence, EventKind.STEP_REUSED,
+                        {"key": step_key, "computed_by": receipt.owner_run_id, "count": 1},
+                        max_events)
             return {"state": "reuse", "output": receipt.output,
                     "computed_by": receipt.owner_run_id}
         if receipt.status in RECEIPT_HELD:
@@ -90,9 +107,9 @@ def claim(fence: LaunchFence, step_key: str, claim_id: str, grace_s: float) -> d
                 return {"state": "run"}  # a retried claim: the answer was lost
             if live:
                 return {"state": "wait", "retry_after_s": WAIT_HINT_S}
-            ledger.append(session, fence.run_id, EventKind.STEP_TAKEN_OVER,
-                          {"key": step_key, "from_run": receipt.owner_run_id,
-                           "from_generation": receipt.owner_generation}, fence.generation)
+            _append(session, fence, EventKind.STEP_TAKEN_OVER,
+                    {"key": step_key, "from_run": receipt.owner_run_id,
+                     "from_generation": receipt.owner_generation}, max_events)
         # Free (failed, released, expired) or its holder is gone: this call takes it.
         for name, value in _owner(fence, claim_id).items():
             setattr(receipt, name, value)
@@ -115,7 +132,7 @@ def _held_for_settling(session: Session, fence: LaunchFence, step_key: str, clai
 
 
 def complete(fence: LaunchFence, step_key: str, claim_id: str, output: Any,
-             ttl_s: float | None) -> dict[str, Any]:
+             ttl_s: float | None, max_events: int) -> dict[str, Any]:
     """Store the step's output; a retried complete with the same output is a duplicate."""
     size = encoded_size(output)
     if size > MAX_STEP_OUTPUT_BYTES:
@@ -132,13 +149,12 @@ def complete(fence: LaunchFence, step_key: str, claim_id: str, output: Any,
         receipt.output = output
         receipt.completed_at = receipt.updated_at = db_now()
         receipt.expires_at = db_now(ttl_s) if ttl_s is not None else None
-        ledger.append(session, fence.run_id, EventKind.STEP_COMPLETED, {"key": step_key},
-                      fence.generation)
+        _append(session, fence, EventKind.STEP_COMPLETED, {"key": step_key}, max_events)
     return {"state": ReceiptState.COMPLETED, "duplicate": False}
 
 
-def fail(fence: LaunchFence, step_key: str, claim_id: str, code: str, error: str
-         ) -> dict[str, Any]:
+def fail(fence: LaunchFence, step_key: str, claim_id: str, code: str, error: str,
+         max_events: int) -> dict[str, Any]:
     """Record the step's failure: its receipt is free for the next claim."""
     with session_scope() as session:
         receipt, status = _held_for_settling(session, fence, step_key, claim_id)
@@ -151,7 +167,6 @@ def fail(fence: LaunchFence, step_key: str, claim_id: str, code: str, error: str
         receipt.code = code
         receipt.error = error
         receipt.updated_at = db_now()
-        ledger.append(session, fence.run_id, EventKind.STEP_FAILED,
-                      {"key": step_key, "code": code,
-                       "error": error[:1000]}, fence.generation)
+        _append(session, fence, EventKind.STEP_FAILED,
+                {"key": step_key, "code": code, "error": error[:1000]}, max_events)
     return {"state": ReceiptState.FAILED, "duplicate": False}

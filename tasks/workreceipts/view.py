@@ -25,6 +25,9 @@ MAX_PLAY_CHARS = 255
 
 @dataclass(frozen=True)
 class ReceiptView:
+    """One work receipt of `ctx.step`: its step key, play and org, status, stored output,
+    and the run that holds, computed or last tried it."""
+
     key: str
     play: str
     org_id: str

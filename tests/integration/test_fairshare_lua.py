@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tasks.acquisition.fairshare import order
 from tasks.acquisition.fairshare.order import Candidate
 from tasks.acquisition.fairshare.store import FairStore, Taken
-from tests.conftest import TEST_REDIS_URL
+from tests.support.session import TEST_REDIS_URL
 
 T0 = 1_796_000_000_000
 ORGS = ["a", "b", "c", "d", "~v"]  # "~v" is a legal org name: it must not clash

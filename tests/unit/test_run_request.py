@@ -10,19 +10,18 @@ import pytest
 
 import tasks
 from tasks import RunRequest, RunStatus
-from tasks.admission import relay
+from tasks.broker.publish import StubPublisher
 from tasks.errors import PlayrunError
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 
 
 @pytest.fixture
-def db(sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """A migrated SQLite database; start messages are kept here instead of published."""
-    sent: list[Any] = []
-    monkeypatch.setattr(relay, "send_tasks", lambda _app, messages: sent.extend(messages))
-    return sent
+def db(sqlite_db: str, published: StubPublisher, fifo: None) -> list[Any]:
+    """A migrated SQLite database; start messages are recorded instead of published (at
+    admission: FIFO order)."""
+    return published.sent
 
 
 def org() -> str:
@@ -41,12 +40,13 @@ def test_run_requests_are_admitted_like_dicts(db: list[Any]) -> None:
         [
             RunRequest(NOOP, o, {"i": 0}, "k0"),
             {"play": NOOP, "input": {"i": 1}, "org_id": o, "idempotency_key": "k1"},
-            RunRequest(play=str(NOOP), org_id=o, idempotency_key="k1"),
+            RunRequest(play=str(NOOP), org_id=o, input={"i": 1}, idempotency_key="k1"),
         ]
     )
     assert [h.created for h in hs] == [True, True, False]
     assert hs[2].id == hs[1].id  # the key, whichever form carried it
-    again = tasks.submit_runs([{"play": NOOP, "org_id": o, "idempotency_key": "k0"}])
+    again = tasks.submit_runs(
+        [{"play": NOOP, "input": {"i": 0}, "org_id": o, "idempotency_key": "k0"}])
     assert again[0].id == hs[0].id and not again[0].created
     views = [tasks.get_run(h.id) for h in hs[:2]]
     assert [v.output for v in views] == [None, None]
@@ -54,7 +54,7 @@ def test_run_requests_are_admitted_like_dicts(db: list[Any]) -> None:
         (o, "k0", str(NOOP)),
         (o, "k1", str(NOOP)),
     ]
-    assert sorted(m[2][0] for m in db) == sorted(h.id for h in hs[:2])
+    assert sorted(m.args[0] for m in db) == sorted(h.id for h in hs[:2])
 
 
 def test_run_request_without_input_stores_none(db: list[Any]) -> None:

@@ -1,4 +1,4 @@
-"""receipts: work receipts for ctx.step (SPEC 4.7)
+"""receipts: work receipts for ctx.step (docs/design.md)
 
 Revision ID: 0004
 Revises: 0003

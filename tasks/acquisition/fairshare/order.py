@@ -5,7 +5,7 @@ one start): each org has the start tag of its next start; the next start goes to
 with runs due whose tag is least; serving it moves its tag on by SCALE // weight. An org
 that comes back after idling (or after its capacity limit held it back) starts at the
 fleet's virtual time, the tag of the last start picked, so it banks no credit. The
-differential test (tests/test_fairshare_lua.py) runs both on the same operations.
+differential test (tests/integration/test_fairshare_lua.py) runs both on the same operations.
 """
 
 from __future__ import annotations

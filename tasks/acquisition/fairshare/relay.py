@@ -29,8 +29,9 @@ from tasks.acquisition import policy as traffic
 from tasks.acquisition.fairshare.order import Candidate
 from tasks.acquisition.fairshare.store import FairStore
 from tasks.acquisition.startrate import rules_for
-from tasks.admission.broker import queue_length
 from tasks.admission.relay import Message, publish, unmark
+from tasks.broker.message import start_queues
+from tasks.broker.publish import publisher
 from tasks.constants import FAIR_WEIGHT_DEFAULT, LEASE_HELD
 from tasks.errors import StartRateReplyError
 from tasks.settings import Settings, get_settings
@@ -75,13 +76,13 @@ def store() -> FairStore:
 
 
 def window(settings: Settings, policy: traffic.Policy) -> int:
-    """Starts the rate admits in the next fair_ahead_s. While starts are held they are
-    still published at that pace: each is deferred (`hold`) and spends its deferral
-    budget as in FIFO order, then comes back in its org's turn."""
-    provider = settings.sandbox_provider
+    """Starts the rates of the fleet's providers admit in the next fair_ahead_s. While
+    starts are held they are still published at that pace: each is deferred (`hold`) and
+    spends its deferral budget as in FIFO order, then comes back in its org's turn."""
     override = policy.starts_per_minute if policy.mode == traffic.THROTTLE else None
-    states = permits.limiter().inspect(provider, rules_for(settings, provider, override))
-    per_min = min(state.rate for state in states)
+    limiter = permits.limiter()
+    per_min = sum(min(state.rate for state in limiter.inspect(
+        provider, rules_for(settings, provider, override))) for provider in settings.served)
     return max(1, min(settings.fair_max_ahead, math.ceil(per_min / 60 * settings.fair_ahead_s)))
 
 
@@ -127,7 +128,7 @@ def _claim(wanted: Counter[str]) -> dict[str, list[tuple[str, str, list[Any]]]]:
     return out
 
 
-def relay_pass(app: Any, settings: Settings, fair: FairStore) -> int:
+def relay_pass(settings: Settings, fair: FairStore) -> int:
     """One pass: pick, claim, count in flight, publish. Returns starts published."""
     with session_scope(readonly=True) as session:
         policy = traffic.current(session)
@@ -137,7 +138,7 @@ def relay_pass(app: Any, settings: Settings, fair: FairStore) -> int:
     cands = candidates(settings, limit)
     if not cands:
         return 0
-    picks = fair.pick(limit, queue_length(app), cands)
+    picks = fair.pick(limit, publisher().waiting(start_queues()), cands)
     if not picks:
         return 0
     claimed = _claim(Counter(picks))
@@ -151,7 +152,7 @@ def relay_pass(app: Any, settings: Settings, fair: FairStore) -> int:
     if not messages:
         return 0
     fair.sent(owners)  # before the publish: a fast worker's `taken` must find them
-    if not publish(app, messages):
+    if not publish(messages):
         unmark([m[0] for m in messages])
         for task_id, _ in owners:
             fair.taken(task_id)
@@ -159,18 +160,18 @@ def relay_pass(app: Any, settings: Settings, fair: FairStore) -> int:
     return len(messages)
 
 
-def pump(app: Any, settings: Settings | None = None) -> int:
+def pump(settings: Settings | None = None) -> int:
     """Run relay passes until nobody asks for another; never raises (the sweep retries)."""
     settings = settings or get_settings()
     try:
-        return _pump(app, settings, store())
+        return _pump(settings, store())
     except (redis.RedisError, sa.exc.SQLAlchemyError, StartRateReplyError) as exc:
         log.warning("fair relay pass failed (%s: %s); the sweep tries again",
                     type(exc).__name__, exc)
         return 0
 
 
-def _pump(app: Any, settings: Settings, fair: FairStore) -> int:
+def _pump(settings: Settings, fair: FairStore) -> int:
     total = 0
     for _ in range(3):
         token = uuid.uuid4().hex
@@ -179,11 +180,11 @@ def _pump(app: Any, settings: Settings, fair: FairStore) -> int:
             return total
         try:
             fair.asked_again()
-            total += relay_pass(app, settings, fair)
+            total += relay_pass(settings, fair)
             for _ in range(_PASSES - 1):
                 if not fair.asked_again():
                     break
-                total += relay_pass(app, settings, fair)
+                total += relay_pass(settings, fair)
         finally:
             fair.unlock(token)
         if not fair.asked_again():  # asked between the last look and the unlock
@@ -191,7 +192,7 @@ def _pump(app: Any, settings: Settings, fair: FairStore) -> int:
     return total
 
 
-def taken(app: Any, task_id: str, settings: Settings | None = None) -> None:
+def taken(task_id: str, settings: Settings | None = None) -> None:
     """A start message is past its permit (or ended before it): refill the window when it
     is half empty. Best effort: a lost report expires with the message's time in flight."""
     settings = settings or get_settings()
@@ -201,4 +202,4 @@ def taken(app: Any, task_id: str, settings: Settings | None = None) -> None:
         log.warning("fair relay not told of start %s (%s)", task_id, exc)
         return
     if done.counted and done.inflight * 2 <= done.window:
-        pump(app, settings)
+        pump(settings)

@@ -1,4 +1,4 @@
-"""Fleet-wide sandbox start-rate bucket: GCRA pacing with an AIMD-adapted rate (SPEC 4.3)."""
+"""Fleet-wide sandbox start-rate bucket: GCRA pacing with an AIMD-adapted rate (docs/design.md)."""
 
 from tasks.acquisition.startrate.bucket import StartRateLimiter, rules_for
 from tasks.acquisition.startrate.fallback import LocalStartRateLimiter

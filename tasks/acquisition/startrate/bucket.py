@@ -1,4 +1,4 @@
-"""The fleet-wide sandbox start-rate bucket in Redis (SPEC 4.3).
+"""The fleet-wide sandbox start-rate bucket in Redis (docs/design.md).
 
 One Lua script per operation (``lua/acquire.lua``, ``penalize.lua``, ``inspect.lua``),
 each atomic, with Redis ``TIME`` as the clock; ``lua/prelude.lua`` (the clock, the
@@ -340,7 +340,8 @@ class StartRateLimiter:
             )
 
 
-def rules_for(settings: Settings, provider: str, override_per_min: float | None) -> list[RateRule]:
+def rules_for(settings: Settings, provider: str, override_per_min: float | None,
+              published_per_min: float | None = None) -> list[RateRule]:
     """The rules a start on ``provider`` needs: its adaptive rule, and the global cap if set.
 
     Use the provider as the bucket name. The "global" rule shares the bucket's hash
@@ -349,9 +350,17 @@ def rules_for(settings: Settings, provider: str, override_per_min: float | None)
     """
     del provider  # the bucket name carries the provider; rules are the same shape
     initial = settings.start_rate_initial_per_min
+    maximum = settings.start_rate_max_per_min
+    if published_per_min is not None:
+        # The provider's published create limit bounds the defaults; an operator's own
+        # setting (a higher plan) wins.
+        if "start_rate_max_per_min" not in settings.model_fields_set:
+            maximum = min(maximum, published_per_min)
+        if "start_rate_initial_per_min" not in settings.model_fields_set:
+            initial = min(initial, maximum)
     # Settings validate each value alone; order them here so a rule is always valid.
     floor = min(settings.start_rate_floor_per_min, initial)
-    maximum = max(settings.start_rate_max_per_min, initial)
+    maximum = max(maximum, initial)
     fixed = (None if override_per_min is None
              else min(max(override_per_min, 1 / MPM), maths.MAX_RATE_PER_MIN))
     rules = [RateRule(

@@ -1,4 +1,4 @@
-"""Pure start-rate maths: GCRA pacing whose rate adapts AIMD-style (SPEC 4.3).
+"""Pure start-rate maths: GCRA pacing whose rate adapts AIMD-style (docs/design.md).
 
 No Redis and no clock here: every function takes ``now_us``. The Lua scripts in
 ``lua/`` do the same integer arithmetic step for step, and a differential test

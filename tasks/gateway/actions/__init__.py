@@ -1,9 +1,11 @@
-"""The one table of gateway actions: each needs exactly one capability (SPEC 4.9)."""
+"""The one table of gateway actions: each needs exactly one capability (docs/contract.md), and
+has a body bound of its own (a beat needs bytes, a result document megabytes)."""
 
 from __future__ import annotations
 
+from tasks import protocol
 from tasks.gateway.actions import complete, events, heartbeat, sheets, steps
-from tasks.gateway.actions.base import Action, ActionRequest, Context
+from tasks.gateway.actions.base import KIB, Action, ActionRequest, Context
 from tasks.security.tokens import (
     RUN_COMPLETE,
     RUN_HEARTBEAT,
@@ -15,17 +17,23 @@ from tasks.security.tokens import (
 
 ACTIONS: dict[str, Action] = {
     a.name: a for a in (
-        Action("heartbeat", RUN_HEARTBEAT, heartbeat.Heartbeat, heartbeat.handle),
-        Action("append_run_events", RUN_LEDGER_PROJECT, events.AppendRunEvents, events.handle),
-        Action("complete", RUN_COMPLETE, complete.Complete, complete.handle),
-        Action("step_claim", STEP_WRITE, steps.StepClaim, steps.claim),
-        Action("step_complete", STEP_WRITE, steps.StepComplete, steps.complete),
-        Action("step_fail", STEP_WRITE, steps.StepFail, steps.fail),
-        Action("sheet_start", SHEET_WRITE, sheets.SheetStart, sheets.start),
-        Action("sheet_start_with_intent", SHEET_WRITE, sheets.SheetStartWithIntent,
-               sheets.start_with_intent),
-        Action("sheet_write", SHEET_WRITE, sheets.SheetWrite, sheets.write),
-        Action("sheet_read", SHEET_READ, sheets.SheetRead, sheets.read),
+        Action(protocol.ACTION_HEARTBEAT, RUN_HEARTBEAT, heartbeat.Heartbeat, heartbeat.handle,
+               4 * KIB),
+        Action(protocol.ACTION_APPEND_EVENTS, RUN_LEDGER_PROJECT, events.AppendRunEvents,
+               events.handle, 4096 * KIB),
+        Action(protocol.ACTION_COMPLETE, RUN_COMPLETE, complete.Complete, complete.handle,
+               4096 * KIB),
+        Action(protocol.ACTION_STEP_CLAIM, STEP_WRITE, steps.StepClaim, steps.claim, 16 * KIB),
+        Action(protocol.ACTION_STEP_COMPLETE, STEP_WRITE, steps.StepComplete, steps.complete,
+               1024 * KIB),
+        Action(protocol.ACTION_STEP_FAIL, STEP_WRITE, steps.StepFail, steps.fail, 64 * KIB),
+        Action(protocol.ACTION_SHEET_START, SHEET_WRITE, sheets.SheetStart, sheets.start,
+               4096 * KIB),
+        Action(protocol.ACTION_SHEET_START_WITH_INTENT, SHEET_WRITE, sheets.SheetStartWithIntent,
+               sheets.start_with_intent, 4096 * KIB),
+        Action(protocol.ACTION_SHEET_WRITE, SHEET_WRITE, sheets.SheetWrite, sheets.write,
+               4096 * KIB),
+        Action(protocol.ACTION_SHEET_READ, SHEET_READ, sheets.SheetRead, sheets.read, 256 * KIB),
     )
 }
 

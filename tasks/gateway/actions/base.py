@@ -16,7 +16,7 @@ from tasks.store.fence import LaunchFence
 
 
 class ActionRequest(BaseModel):
-    """Unknown fields are refused, never ignored (SPEC 4.9)."""
+    """Unknown fields are refused, never ignored (docs/contract.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -40,9 +40,14 @@ Handler = Callable[[Grant, Any, Context], dict[str, Any]]
 AsyncHandler = Callable[[Grant, Any, Context], Awaitable[dict[str, Any]]]
 
 
+KIB = 1024
+
+
 @dataclass(frozen=True)
 class Action:
     name: str
     capability: str
     model: type[ActionRequest]
     handler: Handler | AsyncHandler
+    # The largest body an honest runner sends for it (the gateway's limit caps it too).
+    max_bytes: int = 64 * KIB

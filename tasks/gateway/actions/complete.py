@@ -1,5 +1,8 @@
 """`complete`: the runner's terminal result, settled first-write-wins at once.
 
+Once a terminal is written the attempt's token is dead like every other: a repeat (the
+runner retrying its own push) or a replay answers FENCE_LOST and learns nothing of the run.
+
 The release (sandbox delete, capacity, receipts) is handed to a Celery task on the
 queue that reaches the sandbox (releases.py groups those of one window); a request
 never deletes a sandbox itself.
@@ -10,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from tasks.constants import RELEASE_QUEUE
+from tasks.errors import FenceLostError
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
 from tasks.security.tokens import Grant
 from tasks.settlement.outcome import from_document
@@ -23,8 +27,9 @@ class Complete(ActionRequest):
 
 def handle(grant: Grant, request: Complete, ctx: Context) -> dict[str, Any]:
     settled = settle_launch(launch_of(grant), from_document(request.result))
-    if settled.won:
-        ctx.releases.add((grant.run_id, grant.generation, settled.holder_token or ""),
-                         settled.host_queue or RELEASE_QUEUE)
+    if not settled.won:  # a terminal or a cancel decided the run: this token is spent
+        raise FenceLostError(f"launch {grant.launch_id} no longer holds its attempt")
+    ctx.releases.add((grant.run_id, grant.generation, settled.holder_token or ""),
+                     settled.host_queue or RELEASE_QUEUE)
     outcome = settled.outcome
-    return {"won": settled.won, "status": outcome.status, "code": outcome.code}
+    return {"won": True, "status": outcome.status, "code": outcome.code}

@@ -50,6 +50,11 @@ def handle(grant: Grant, request: AppendRunEvents, ctx: Context) -> dict[str, An
             room = max(ctx.settings.progress_max_events - attempt.progress_count, 0)
             kept = request.events[:room]
             dropped = len(request.events) - len(kept) + request.dropped
+            if room == 0:
+                # Spent already: counted only, and no delivery row either (a repeat is
+                # counted twice; no key can grow a table past the budget).
+                attempt.progress_dropped = min(attempt.progress_dropped + dropped, 2**31 - 1)
+                return {"duplicate": False, "accepted": 0, "dropped": dropped, "full": True}
             for item in kept:
                 ledger.append(session, grant.run_id, EventKind.PROGRESS,
                               {"message": item.message, "fields": item.fields},

@@ -1,4 +1,4 @@
-"""Runtime sheet actions: admit a page, write row results, read rows (SPEC 4.8).
+"""Runtime sheet actions: admit a page, write row results, read rows (docs/design.md).
 
 - `sheet_start_with_intent` admits a page under the run's one write intent for the
   table: the first admission stores its version in the same transaction as its rows,

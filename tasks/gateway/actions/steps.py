@@ -45,14 +45,14 @@ class StepFail(ActionRequest):
 
 def claim(grant: Grant, request: StepClaim, ctx: Context) -> dict[str, Any]:
     return store.claim(launch_of(grant), request.key, request.claim_id,
-                       ctx.settings.heartbeat_timeout_s)
+                       ctx.settings.heartbeat_timeout_s, ctx.settings.step_max_events)
 
 
-def complete(grant: Grant, request: StepComplete, _ctx: Context) -> dict[str, Any]:
+def complete(grant: Grant, request: StepComplete, ctx: Context) -> dict[str, Any]:
     return store.complete(launch_of(grant), request.key, request.claim_id, request.output,
-                          request.ttl_s)
+                          request.ttl_s, ctx.settings.step_max_events)
 
 
-def fail(grant: Grant, request: StepFail, _ctx: Context) -> dict[str, Any]:
+def fail(grant: Grant, request: StepFail, ctx: Context) -> dict[str, Any]:
     return store.fail(launch_of(grant), request.key, request.claim_id, request.code,
-                      request.error)
+                      request.error, ctx.settings.step_max_events)

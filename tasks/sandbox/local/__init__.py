@@ -16,7 +16,7 @@ One behaviour per module: `provider` (the SandboxProvider operations), `isolatio
 and probe), `strict` (host layout, bwrap config), `config` (the supervisor's exec config),
 `processes` (reaping, finding and killing), `records` (the control record), `limits`
 (cgroup v2), `paths` (path safety). The process that runs in the sandbox is
-tasks/sandbox/supervisor.py.
+tasks/sandbox/supervisor.py, with its siblings supervisor_*.py copied beside it.
 """
 
 from tasks.sandbox.local.isolation import (

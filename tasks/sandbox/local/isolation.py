@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from tasks.errors import ConfigurationError
 from tasks.sandbox import supervisor as sup
+from tasks.sandbox import supervisor_proc, supervisor_strict
 from tasks.sandbox.base import ProviderError
 from tasks.sandbox.local.config import BASE_ENV, exec_config
 from tasks.sandbox.local.limits import cgroup_base
@@ -73,7 +74,7 @@ def _run_probe(settings: Settings, root: Path) -> str | None:
             dict(BASE_ENV), PROBE_TIMEOUT_S,
             memory_mb=1024, max_file_mb=1, cpu_seconds=None, max_dir_mb=None, strict=strict,
         )
-        console = control / sup.CONSOLE_FILE
+        console = control / supervisor_proc.CONSOLE_FILE
         with open(console, "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-I", sup.__file__, str(control), str(sandbox)],
@@ -86,7 +87,7 @@ def _run_probe(settings: Settings, root: Path) -> str | None:
                 proc.kill()
                 proc.wait()
                 return "the bubblewrap probe did not finish"
-        exit_record = read_json(control / sup.EXIT_FILE) or {}
+        exit_record = read_json(control / supervisor_proc.EXIT_FILE) or {}
         try:
             wrote = (sandbox / "ok").read_bytes() == b"ok"
         except OSError:
@@ -142,7 +143,7 @@ def check_isolation(settings: Settings | None = None) -> str:
             "sandbox isolation: strict (bubblewrap: user/mount/pid/ipc/uts/net namespaces, "
             "seccomp %s, network %s, %s; rlimits: as %d MB, fsize %d MB, nproc %d; "
             "dir cap %d MB; cgroup v2 limits: %s)",
-            "on" if sup.seccomp_program() else "off (not x86_64)",
+            "on" if supervisor_strict.seccomp_program() else "off (not x86_64)",
             "shared" if settings.sandbox_network else "none but the gateway socket",
             f"host uid {settings.sandbox_uid}" if os.geteuid() == 0 else "the worker's uid",
             settings.sandbox_memory_mb, settings.sandbox_max_file_mb,

@@ -1,6 +1,6 @@
 """cgroup v2 limits for local sandboxes (where a unified hierarchy is available): which
 directory sandboxes' cgroups go under, and what each one gets. The rlimits are set by the
-supervisor itself (tasks/sandbox/supervisor.py), which also enters and kills the cgroups."""
+supervisor itself (tasks/sandbox/supervisor_limits.py), which also enters and kills the cgroups."""
 
 from __future__ import annotations
 

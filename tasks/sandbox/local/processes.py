@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from tasks.sandbox import supervisor as sup
+from tasks.sandbox import supervisor_limits, supervisor_proc, supervisor_strict
 from tasks.sandbox.base import ProviderError
 from tasks.sandbox.local.records import META_FILE, PROC_FILE, SUPERVISOR_FILE, read_json
 
@@ -92,7 +92,7 @@ def abandon_child(proc: subprocess.Popen[bytes], control: Path) -> None:
 
 def is_live(pid: int) -> bool:
     """True if the pid exists and is not a zombie."""
-    stat = sup.read_stat(pid)
+    stat = supervisor_proc.read_stat(pid)
     return stat is not None and stat[0] not in ("Z", "X")
 
 
@@ -107,10 +107,10 @@ def find_processes(
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        if pidns is not None and sup.pidns_of(pid) == pidns:
+        if pidns is not None and supervisor_proc.pidns_of(pid) == pidns:
             found.add(pid)
             continue
-        cmdline = sup.read_cmdline(pid)
+        cmdline = supervisor_proc.read_cmdline(pid)
         if cmdline[:1] == [argv0] or any(cmdline_part in arg for arg in cmdline):
             found.add(pid)
             continue
@@ -131,10 +131,11 @@ def live_pidns(ns: dict[str, object]) -> int | None:
     init, pidns = ns.get("init_pid"), ns.get("pidns")
     if not isinstance(init, int) or not isinstance(pidns, int):
         return None
-    stat_ = sup.read_stat(init)
+    stat_ = supervisor_proc.read_stat(init)
     if stat_ is None or stat_[0] in ("Z", "X") or stat_[3] != ns.get("init_starttime"):
         return None
-    if sup.pidns_of(init) != pidns or pidns in (sup.pidns_of(os.getpid()), sup.pidns_of(1)):
+    ours = (supervisor_proc.pidns_of(os.getpid()), supervisor_proc.pidns_of(1))
+    if supervisor_proc.pidns_of(init) != pidns or pidns in ours:
         return None  # never our own namespace, whatever the record says
     return pidns
 
@@ -147,20 +148,20 @@ def sandbox_processes(sandbox_id: str, control: Path, path: Path) -> set[int]:
     HOME (a play's processes reparented away after its supervisor was killed)."""
     recorded: set[int] = set()
     for name, pid_key, start_key in ((PROC_FILE, "pid", "starttime"),
-                                     (sup.NS_FILE, "init_pid", "init_starttime")):
+                                     (supervisor_proc.NS_FILE, "init_pid", "init_starttime")):
         record = read_json(control / name) or {}
         pid = record.get(pid_key)
         if isinstance(pid, int):
-            stat_ = sup.read_stat(pid)
+            stat_ = supervisor_proc.read_stat(pid)
             if stat_ is not None and stat_[3] == record.get(start_key):
                 recorded.add(pid)
-    ns = read_json(control / sup.NS_FILE) or {}
+    ns = read_json(control / supervisor_proc.NS_FILE) or {}
     strict = (read_json(control / META_FILE) or {}).get("isolation") == "strict"
 
     def scan(pidns: int | None) -> set[int]:
         return recorded | find_processes(
             str(control / SUPERVISOR_FILE),
-            sup.BWRAP_MARK + sandbox_id,
+            supervisor_strict.BWRAP_MARK + sandbox_id,
             None if strict else b"HOME=" + os.fsencode(path),
             pidns,
         )
@@ -179,7 +180,7 @@ def _gone(record: dict[str, object], pid_key: str, start_key: str) -> bool:
     pid = record.get(pid_key)
     if not isinstance(pid, int) or record.get(start_key) is None:
         return False
-    stat_ = sup.read_stat(pid)
+    stat_ = supervisor_proc.read_stat(pid)
     return stat_ is None or stat_[3] != record.get(start_key) or stat_[0] in ("Z", "X")
 
 
@@ -195,7 +196,7 @@ def namespace_gone(control: Path, ns: dict[str, object]) -> bool:
     # unshare --fork --kill-child: its child is the namespace's init and dies with it, but
     # a moment later (a parent-death signal). Only a supervisor that ended normally (its
     # exit record) waited for that; after one killed, the scan finds what is still dying.
-    return proc.get("pid_namespace") is True and (control / sup.EXIT_FILE).exists()
+    return proc.get("pid_namespace") is True and (control / supervisor_proc.EXIT_FILE).exists()
 
 
 def _kill_recorded(control: Path, ns: dict[str, object]) -> None:
@@ -206,7 +207,7 @@ def _kill_recorded(control: Path, ns: dict[str, object]) -> None:
         pid = record.get(pid_key)
         if not isinstance(pid, int):
             continue
-        stat_ = sup.read_stat(pid)
+        stat_ = supervisor_proc.read_stat(pid)
         if stat_ is not None and stat_[3] == record.get(start_key):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -214,11 +215,11 @@ def _kill_recorded(control: Path, ns: dict[str, object]) -> None:
 
 def kill_sandbox(sandbox_id: str, control: Path, path: Path) -> None:
     """SIGKILL the sandbox's whole process tree and wait (DELETE_WAIT_S) for it to die."""
-    ns = read_json(control / sup.NS_FILE) or {}
+    ns = read_json(control / supervisor_proc.NS_FILE) or {}
     cgroup = Path(ns["cgroup"]) if isinstance(ns.get("cgroup"), str) else None
     if cgroup is not None:
-        sup.cgroup_kill(cgroup)
-    if (control / sup.EXIT_FILE).exists() and not namespace_gone(control, ns):
+        supervisor_limits.cgroup_kill(cgroup)
+    if (control / supervisor_proc.EXIT_FILE).exists() and not namespace_gone(control, ns):
         # The supervisor writes its exit record after killing all the play ran: only it
         # (and bwrap's init, or unshare) can be left, finishing. Kill those, not scan /proc.
         _kill_recorded(control, ns)
@@ -229,23 +230,23 @@ def kill_sandbox(sandbox_id: str, control: Path, path: Path) -> None:
     if namespace_gone(control, ns):
         reap_children()
         if cgroup is not None:
-            sup.cgroup_kill(cgroup)  # now empty: removed
+            supervisor_limits.cgroup_kill(cgroup)  # now empty: removed
         return
     init = ns.get("init_pid")
     if isinstance(init, int):
-        stat_ = sup.read_stat(init)
+        stat_ = supervisor_proc.read_stat(init)
         if stat_ is not None and stat_[3] == ns.get("init_starttime"):
             # The namespace's init: the kernel kills everything in it with it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(init, signal.SIGKILL)
-    killed = sup.kill_tree(sandbox_processes(sandbox_id, control, path))
+    killed = supervisor_proc.kill_tree(sandbox_processes(sandbox_id, control, path))
     deadline = time.monotonic() + DELETE_WAIT_S
     while True:
         reap_children()
         survivors = {pid for pid in killed if is_live(pid)}
         if not survivors:
             if cgroup is not None:
-                sup.cgroup_kill(cgroup)  # now empty: removed
+                supervisor_limits.cgroup_kill(cgroup)  # now empty: removed
             return
         if time.monotonic() >= deadline:
             raise ProviderError(f"sandbox {sandbox_id}: pids {sorted(survivors)} survived")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import hashlib
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from tasks.sandbox import supervisor as sup
+from tasks.sandbox import supervisor_proc, supervisor_strict
 from tasks.sandbox.base import (
     CapacityUnavailableError,
     FileRead,
@@ -30,6 +31,7 @@ from tasks.sandbox.base import (
     SandboxNotFoundError,
     SandboxRef,
     SandboxSpec,
+    TransportError,
 )
 from tasks.sandbox.local.config import BASE_ENV, exec_config, expand_argv, sandbox_env
 from tasks.sandbox.local.isolation import Isolation, resolve_isolation
@@ -46,13 +48,13 @@ from tasks.sandbox.local.records import (
     CONTROL_ROOT,
     META_FILE,
     PROC_FILE,
-    STALE_TMP_S,
     SUPERVISOR_FILE,
-    SUPERVISOR_SOURCE,
+    SUPERVISOR_FILES,
     VISIBLE_CONTROL_FILES,
     exit_status,
     read_json,
     remove_tree,
+    sweep_leftover,
     top_alive,
 )
 from tasks.sandbox.local.strict import (
@@ -108,16 +110,11 @@ class LocalProvider:
         return self.root / sandbox_id if self._id_re.match(sandbox_id) else None
 
     def _control(self, sandbox_id: str) -> Path | None:
-        """The control record: outside the sandbox, or (legacy) its `.playrun` directory."""
+        """The control record, outside the sandbox's directory."""
         if not self._id_re.match(sandbox_id):
             return None
         outside = self.control_root / sandbox_id
-        if (outside / META_FILE).is_file():
-            return outside
-        legacy = self.root / sandbox_id / sup.CONTROL_DIR
-        if (legacy / META_FILE).is_file():
-            return legacy
-        return None
+        return outside if (outside / META_FILE).is_file() else None
 
     def _existing(self, sandbox_id: str) -> tuple[Path, Path]:
         """(control record, sandbox directory); the directory may be gone."""
@@ -134,7 +131,11 @@ class LocalProvider:
     # --- the interface ----------------------------------------------------------------
 
     def create(self, spec: SandboxSpec) -> SandboxRef:
-        sandbox_id = f"{self.id_prefix}-{secrets.token_hex(8)}"
+        # Keyed by the attempt: a create retried after a crash finds its own sandbox.
+        digest = hashlib.sha256(spec.key.encode()).hexdigest() if spec.key else None
+        sandbox_id = f"{self.id_prefix}-{(digest or secrets.token_hex(8))[:16]}"
+        if digest and (control := self._control(sandbox_id)) is not None:
+            return self._ref(sandbox_id, read_json(control / META_FILE) or {})
         isolation = self.isolation
         settings = self.settings
         labels = {str(k): str(v) for k, v in spec.labels.items()}
@@ -150,6 +151,7 @@ class LocalProvider:
             "max_dir_mb": int(spec.max_dir_mb or settings.sandbox_max_dir_mb),
         }
         owner = (settings.sandbox_uid, settings.sandbox_gid)
+        published = False
         chown = isolation == "strict" and os.geteuid() == 0
         # Built under temporary names and renamed: the directory first, then the control
         # record (what list() and GC see), then the directory into place.
@@ -163,7 +165,7 @@ class LocalProvider:
             tmp.chmod(0o700)
             for rel, content in spec.files.items():
                 parts = safe_parts(rel)
-                if parts[0] == sup.CONTROL_DIR:
+                if parts[0] == supervisor_proc.CONTROL_DIR:
                     raise ProviderError(f"{rel!r} is reserved for the provider")
                 target = tmp.joinpath(*parts)
                 if len(parts) > 1:  # top-level files (most) go straight into tmp
@@ -175,15 +177,22 @@ class LocalProvider:
                     for name in dirnames + filenames:
                         os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
             ctl_tmp.mkdir(mode=0o700)
-            (ctl_tmp / SUPERVISOR_FILE).write_bytes(SUPERVISOR_SOURCE)
-            (ctl_tmp / SUPERVISOR_FILE).chmod(0o600)
+            for name, source in SUPERVISOR_FILES.items():
+                (ctl_tmp / name).write_bytes(source)
+                (ctl_tmp / name).chmod(0o600)
             # Not fsynced: the renames that publish it are not either, and no sandbox process
             # outlives a power loss; what must survive one is the process record (exec).
-            sup.write_atomic(ctl_tmp / META_FILE, json.dumps(meta).encode(), durable=False)
+            supervisor_proc.write_atomic(
+                ctl_tmp / META_FILE, json.dumps(meta).encode(), durable=False
+            )
             ctl_tmp.rename(control)
+            published = True
             tmp.rename(self.root / sandbox_id)
+        except FileExistsError as exc:
+            # The same key's create runs elsewhere: what it builds is its own to clean.
+            raise TransportError(f"a create of sandbox {sandbox_id} is in progress") from exc
         except OSError as exc:
-            for leftover in (tmp, ctl_tmp, control):
+            for leftover in (tmp, ctl_tmp, *((control,) if published else ())):
                 shutil.rmtree(leftover, ignore_errors=True)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 # No room for a sandbox is this host's capacity, not a broken start: the run
@@ -215,14 +224,14 @@ class LocalProvider:
         strict = meta.get("isolation") == "strict"
         python = host_layout().python if strict else sys.executable
         settings = self.settings
-        child_env = sandbox_env(env, sup.SANDBOX_DEST if strict else str(path))
+        child_env = sandbox_env(env, supervisor_strict.SANDBOX_DEST if strict else str(path))
         max_file_mb = int(meta.get("max_file_mb", 64))
         strict_part: dict[str, Any] | None = None
         prefix: list[str] = []
         if strict:
             gateway_dir, socket_name = gateway_socket_dir(child_env, settings)
             if GATEWAY_SOCKET_ENV in child_env:
-                child_env[GATEWAY_SOCKET_ENV] = f"{sup.GATEWAY_DEST}/{socket_name}"
+                child_env[GATEWAY_SOCKET_ENV] = f"{supervisor_strict.GATEWAY_DEST}/{socket_name}"
             strict_part = strict_config(
                 settings, sandbox_id, path, gateway_dir,
                 int(meta.get("max_processes") or settings.sandbox_max_processes), max_file_mb,
@@ -247,7 +256,7 @@ class LocalProvider:
         handing = False  # from the config write on, the supervisor may run the play
         try:
             console = os.open(
-                control / sup.CONSOLE_FILE,
+                control / supervisor_proc.CONSOLE_FILE,
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                 0o600,
             )
@@ -266,7 +275,7 @@ class LocalProvider:
             finally:
                 os.close(console)
             track_child(proc)
-            stat_ = sup.read_stat(proc.pid)
+            stat_ = supervisor_proc.read_stat(proc.pid)
             record = {
                 "pid": proc.pid,
                 "starttime": stat_[3] if stat_ else None,
@@ -274,7 +283,7 @@ class LocalProvider:
                 "isolation": "strict" if strict else "process",
                 "started_at": time.time(),
             }
-            sup.write_atomic(control / PROC_FILE, json.dumps(record).encode())
+            supervisor_proc.write_atomic(control / PROC_FILE, json.dumps(record).encode())
             assert proc.stdin is not None
             handing = True
             try:
@@ -318,7 +327,7 @@ class LocalProvider:
         parts = safe_parts(path)
         if offset < 0 or max_bytes < 0:
             raise ProviderError("offset and max_bytes must not be negative")
-        if parts[0] == sup.CONTROL_DIR:
+        if parts[0] == supervisor_proc.CONTROL_DIR:
             # The provider's own files (the console log) live in the control record.
             if len(parts) != 2 or parts[1] not in VISIBLE_CONTROL_FILES:
                 return None
@@ -374,11 +383,7 @@ class LocalProvider:
                 continue
             for entry in entries:
                 if entry.name.startswith((".creating-", ".deleting-", ".probe-")):
-                    try:
-                        if now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
-                            remove_tree(Path(entry.path))
-                    except OSError:
-                        pass
+                    sweep_leftover(entry, now)
                     continue
                 if not self._id_re.match(entry.name) or entry.name in refs:
                     continue

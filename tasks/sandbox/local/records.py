@@ -11,16 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from tasks.sandbox import supervisor as sup
+from tasks.sandbox import supervisor_limits, supervisor_proc, supervisor_strict
 from tasks.sandbox.base import ProcessStatus
 
 CONTROL_ROOT = ".control"  # <root>/.control/<sandbox_id>/: never inside a sandbox
 META_FILE = "meta.json"
 PROC_FILE = "proc.json"
 SUPERVISOR_FILE = "supervisor.py"
-# Copied into each control record at create: the supervisor runs from there.
-SUPERVISOR_SOURCE = Path(sup.__file__).read_bytes()
+# Copied into each control record at create, flat: the supervisor runs from there and
+# imports its siblings by these names.
+SUPERVISOR_FILES = {
+    Path(str(module.__file__)).name: Path(str(module.__file__)).read_bytes()
+    for module in (sup, supervisor_limits, supervisor_proc, supervisor_strict)
+}
 # Files of the control record that read_file shows under ".playrun/" (the token never is).
-VISIBLE_CONTROL_FILES = frozenset({sup.CONSOLE_FILE})
+VISIBLE_CONTROL_FILES = frozenset({supervisor_proc.CONSOLE_FILE})
 # Half-created or half-deleted directories left by a crash are swept after this long.
 STALE_TMP_S = 600.0
 
@@ -36,7 +41,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def exit_status(control: Path) -> ProcessStatus | None:
     """What the supervisor's exit record says, or None before it wrote one."""
-    record = read_json(control / sup.EXIT_FILE)
+    record = read_json(control / supervisor_proc.EXIT_FILE)
     if record is None:
         return None
     if record.get("never_started") is True:
@@ -45,7 +50,9 @@ def exit_status(control: Path) -> ProcessStatus | None:
     code = record.get("exit_code")
     limit = record.get("limit")
     return ProcessStatus(
-        "exited", code if isinstance(code, int) else None, bool(record.get("timed_out")),
+        "exited",
+        code if isinstance(code, int) else None,
+        bool(record.get("timed_out")),
         limit=str(limit) if limit else None,
     )
 
@@ -56,10 +63,10 @@ def top_alive(control: Path) -> bool:
     if record is None or not isinstance(record.get("pid"), int):
         return False
     pid = record["pid"]
-    stat_ = sup.read_stat(pid)
+    stat_ = supervisor_proc.read_stat(pid)
     if stat_ is None or stat_[0] in ("Z", "X") or stat_[3] != record.get("starttime"):
         return False
-    return str(control / SUPERVISOR_FILE) in sup.read_cmdline(pid)
+    return str(control / SUPERVISOR_FILE) in supervisor_proc.read_cmdline(pid)
 
 
 def remove_tree(path: Path) -> None:
@@ -77,3 +84,14 @@ def remove_tree(path: Path) -> None:
             pass
 
     shutil.rmtree(path, onerror=fix)
+
+
+def sweep_leftover(entry: os.DirEntry[str], now: float) -> None:
+    """Remove what a killed create, probe or delete left under a temporary name. A delete
+    killed the processes before its rename, so its leftovers have nothing to wait for."""
+    try:
+        if entry.name.startswith(".deleting-") or \
+                now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
+            remove_tree(Path(entry.path))
+    except OSError:
+        pass

@@ -1,6 +1,6 @@
 """Strict isolation's host side: what a bubblewrap sandbox sees of the host (resolved once
 per process) and the `strict` part of the supervisor's config. The bwrap command line
-itself is built by the supervisor (tasks/sandbox/supervisor.py) from this config."""
+itself is built by the supervisor (tasks/sandbox/supervisor_strict.py) from this config."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.sandbox import supervisor as sup
 from tasks.sandbox.base import ProviderError
 from tasks.sandbox.local.limits import cgroup_base, cgroup_limits
+from tasks.sandbox.supervisor_strict import GATEWAY_DEST, SANDBOX_DEST
 from tasks.settings import Settings
 
 GATEWAY_SOCKET_ENV = "PLAYRUN_GATEWAY_SOCKET"
@@ -110,7 +110,7 @@ def strict_config(
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise ProviderError("bubblewrap is not installed (no bwrap on PATH)")
-    binds: list[dict[str, Any]] = [{"src": str(sandbox_dir), "dest": sup.SANDBOX_DEST, "rw": True}]
+    binds: list[dict[str, Any]] = [{"src": str(sandbox_dir), "dest": SANDBOX_DEST, "rw": True}]
     binds += [{"src": d, "dest": d, "rw": False} for d in layout.python_dirs]
     if gateway_dir is not None:
         if not gateway_dir.is_dir():
@@ -118,7 +118,7 @@ def strict_config(
                 gateway_dir.mkdir(parents=True, mode=0o755)
         if gateway_dir.is_dir():
             # The directory, not the socket: a restarted gateway's new socket shows up too.
-            binds.append({"src": str(gateway_dir), "dest": sup.GATEWAY_DEST, "rw": False})
+            binds.append({"src": str(gateway_dir), "dest": GATEWAY_DEST, "rw": False})
     if layout.prlimit:
         prefix = [layout.prlimit, f"--nproc={max_processes}", "--"]
     else:

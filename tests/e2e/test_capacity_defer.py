@@ -20,11 +20,14 @@ from tests.support.stack import Worker, worker_env
 pytestmark = pytest.mark.slow
 
 
-def test_a_full_org_defers_and_then_runs(pg_url: str) -> None:
+def test_a_full_org_defers_and_then_runs(pg_url: str, fifo: None) -> None:
+    """In FIFO order a full org's start is published and deferred; the fair relay does not
+    publish it until its org has room (tests/e2e/test_fair_starts.py)."""
     org = f"org-{uuid.uuid4().hex[:8]}"
     capacity.set_limit(org, 1)
     w = Worker(worker_env(PLAYRUN_CAPACITY_FULL="defer", PLAYRUN_DEFERRAL_BASE_MS="200",
-                          PLAYRUN_DEFERRAL_MAX_MS="500", PLAYRUN_SWEEP_INTERVAL_S="0.5"),
+                          PLAYRUN_DEFERRAL_MAX_MS="500", PLAYRUN_SWEEP_INTERVAL_S="0.5",
+                          PLAYRUN_START_ORDER="fifo"),
                beat=True)
     try:
         w.wait_ready()

@@ -109,7 +109,8 @@ class RunHandle:
     def __init__(self, run_id: str, created: bool = True, published: bool = True) -> None:
         self.id = run_id
         self.created = created
-        # False when the broker refused the start: the run is committed, the sweep sends it.
+        # False when the broker (or, in fair order, its relay) did not answer: the run is
+        # committed, the sweep sends it.
         self.published = published
 
     def __repr__(self) -> str:
@@ -167,9 +168,9 @@ def _fair() -> bool:
 def _published(admitted: list[Admitted]) -> list[RunHandle]:
     if _fair():
         # The rows wait in the outbox; the fair relay publishes them in their org's turn.
-        if any(a.outbox_id is not None for a in admitted):
-            fair_relay.pump()
-        return [RunHandle(a.run_id, a.created) for a in admitted]
+        asked = fair_relay.ask() if any(a.outbox_id is not None for a in admitted) else True
+        return [RunHandle(a.run_id, a.created, asked or a.outbox_id is None)
+                for a in admitted]
     # Committed already, the rows marked as handed to us: if this publish fails they are
     # un-marked for the beat sweep (and a crash here leaves them to its resend).
     messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT,

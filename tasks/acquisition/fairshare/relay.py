@@ -162,13 +162,22 @@ def relay_pass(settings: Settings, fair: FairStore) -> int:
 
 def pump(settings: Settings | None = None) -> int:
     """Run relay passes until nobody asks for another; never raises (the sweep retries)."""
-    settings = settings or get_settings()
+    return _passes(settings or get_settings()) or 0
+
+
+def ask() -> bool:
+    """Passes for starts just admitted; False when Redis or the database did not answer
+    (the sweep publishes them once they do)."""
+    return _passes(get_settings()) is not None
+
+
+def _passes(settings: Settings) -> int | None:
     try:
         return _pump(settings, store())
     except (redis.RedisError, sa.exc.SQLAlchemyError, StartRateReplyError) as exc:
         log.warning("fair relay pass failed (%s: %s); the sweep tries again",
                     type(exc).__name__, exc)
-        return 0
+        return None
 
 
 def _pump(settings: Settings, fair: FairStore) -> int:

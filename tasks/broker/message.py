@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from tasks.constants import PROVIDER_NAMES, PROVIDER_QUEUE_PREFIX, QUEUE
+from tasks.constants import PROVIDER_QUEUE_PREFIX, QUEUE
 
 Message = tuple[str, str, list[Any]]  # (task id = outbox row id, task name, args)
 
@@ -22,6 +23,6 @@ def start_queue(args: list[Any]) -> str:
     return QUEUE
 
 
-def start_queues() -> tuple[str, ...]:
-    """Every queue a start may wait on."""
-    return (QUEUE, *(provider_queue(name) for name in PROVIDER_NAMES))
+def start_queues(served: Sequence[str]) -> tuple[str, ...]:
+    """The queues the starts of a fleet serving `served` wait on."""
+    return (QUEUE, *(provider_queue(name) for name in served))

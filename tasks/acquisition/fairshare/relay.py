@@ -138,7 +138,8 @@ def relay_pass(settings: Settings, fair: FairStore) -> int:
     cands = candidates(settings, limit)
     if not cands:
         return 0
-    picks = fair.pick(limit, publisher().waiting(start_queues()), cands)
+    # Only the queues this fleet serves: a queue no worker takes must not close the window.
+    picks = fair.pick(limit, publisher().waiting(start_queues(settings.served)), cands)
     if not picks:
         return 0
     claimed = _claim(Counter(picks))

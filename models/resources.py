@@ -46,6 +46,8 @@ class CapacityOrg(Base):
 
     org_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
     limit: Mapped[int | None] = mapped_column(sa.Integer)
+    # Its share of the fleet's start rate against other orgs with runs waiting.
+    weight: Mapped[int] = mapped_column(sa.Integer, default=1, server_default="1")
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
 
 

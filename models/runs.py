@@ -141,6 +141,10 @@ class Outbox(Base):
                  sqlite_where=sa.text("sent_at IS NULL")),
         # The newest row of a run (resend_stale).
         sa.Index("ix_outbox_run_created", "run_id", "created_at"),
+        # The fair relay: each org's unsent rows in order of place.
+        sa.Index("ix_outbox_fair", "org_id", "place",
+                 postgresql_where=sa.text("sent_at IS NULL"),
+                 sqlite_where=sa.text("sent_at IS NULL")),
     )
 
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
@@ -151,3 +155,7 @@ class Outbox(Base):
     available_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     publish_count: Mapped[int] = mapped_column(sa.Integer, default=0)
+    # The run's org and its place in that org's line (admission time, kept across
+    # deferrals); NULL on rows written before fair share, which go out in FIFO order.
+    org_id: Mapped[str | None] = mapped_column(sa.String(128))
+    place: Mapped[datetime | None] = mapped_column(UTCDateTime)

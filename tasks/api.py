@@ -17,6 +17,7 @@ import redis
 import sqlalchemy as sa
 
 from models import Attempt, Run, db_now
+from tasks.acquisition.fairshare import relay as fair_relay
 from tasks.admission.again import admit_again
 from tasks.admission.relay import Message, publish_admitted, publish_due
 from tasks.admission.rows import start_args
@@ -34,9 +35,11 @@ from tasks.constants import (
     AttemptState,
     EventKind,
     RunStatus,
+    StartOrder,
 )
 from tasks.errors import RunNotFoundError, RunWaitTimeoutError
 from tasks.parse.checks import check_count, check_run_id, check_wait_timeout
+from tasks.settings import get_settings
 from tasks.settlement.outcome import CANCELLED_OUTCOME
 from tasks.settlement.terminal import settle_unattended
 from tasks.store import ledger
@@ -106,7 +109,8 @@ class RunHandle:
     def __init__(self, run_id: str, created: bool = True, published: bool = True) -> None:
         self.id = run_id
         self.created = created
-        # False when the broker refused the start: the run is committed, the sweep sends it.
+        # False when the broker (or, in fair order, its relay) did not answer: the run is
+        # committed, the sweep sends it.
         self.published = published
 
     def __repr__(self) -> str:
@@ -157,7 +161,16 @@ class RunHandle:
                     pubsub.close()
 
 
+def _fair() -> bool:
+    return get_settings().start_order == StartOrder.FAIR
+
+
 def _published(admitted: list[Admitted]) -> list[RunHandle]:
+    if _fair():
+        # The rows wait in the outbox; the fair relay publishes them in their org's turn.
+        asked = fair_relay.ask() if any(a.outbox_id is not None for a in admitted) else True
+        return [RunHandle(a.run_id, a.created, asked or a.outbox_id is None)
+                for a in admitted]
     # Committed already, the rows marked as handed to us: if this publish fails they are
     # un-marked for the beat sweep (and a crash here leaves them to its resend).
     messages: list[Message] = [(a.outbox_id, TASK_START_ATTEMPT,
@@ -176,7 +189,7 @@ def submit_run(play: str | Path, input: Any = None, *, org_id: str,
     default applies, then PLAYRUN_PLACEMENT_DEFAULT. An unknown name: PLACEMENT_UNKNOWN.
     """
     ensure_schema_once()
-    return _published([admit(play, input, org_id, idempotency_key, handed_off=True,
+    return _published([admit(play, input, org_id, idempotency_key, handed_off=not _fair(),
                              placement=placement)])[0]
 
 
@@ -191,7 +204,7 @@ def submit_runs(runs: Sequence[RunRequest | Mapping[str, Any]]) -> list[RunHandl
     Handles come back in the order of the items.
     """
     ensure_schema_once()
-    return _published(admit_many(runs, handed_off=True))
+    return _published(admit_many(runs, handed_off=not _fair()))
 
 
 def _view(run: Run, attempts: list[Attempt]) -> RunView:
@@ -305,7 +318,9 @@ def run_again(run_id: str, *, idempotency_key: str | None = None) -> RunHandle:
     """A new run of `run_id`'s stored play bundle with the same input and org."""
     ensure_schema_once()
     admitted = admit_again(run_id, idempotency_key)
-    if admitted.outbox_id is not None:
+    if admitted.outbox_id is not None and _fair():
+        fair_relay.pump()
+    elif admitted.outbox_id is not None:
         # Its outbox row is not marked sent yet: the relay claims it, then publishes.
         publish_due(ids=[admitted.outbox_id])
     return RunHandle(admitted.run_id, admitted.created)

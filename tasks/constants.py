@@ -174,7 +174,7 @@ RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
 RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
 # The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0010"
+SCHEMA_REVISION: Final = "0011"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -274,3 +274,15 @@ CLI_BROKER_TIMEOUT_S: Final = 2.0
 CLI_NO_WORKER_HINT_S: Final = 5.0
 # `playrun dev` writes the URLs of its stack here; the CLI reads them when PLAYRUN_* is unset.
 DEV_STATE_FILE: Final = "dev.json"
+
+# Fair share of starts between orgs (tasks/acquisition/fairshare/): one hash tag for all.
+KEY_FAIR: Final = f"{KEY_PREFIX}:fair:{{fleet}}:"
+FAIR_WEIGHT_DEFAULT: Final = 1
+FAIR_WEIGHT_MAX: Final = 1000
+
+
+class StartOrder(enum.StrEnum):
+    """Which queued run's start goes to the broker next (PLAYRUN_START_ORDER)."""
+
+    FAIR = "fair"  # by org, weighted: tasks/acquisition/fairshare/
+    FIFO = "fifo"  # in order of admission, published at once

@@ -10,7 +10,13 @@ from urllib.parse import urlsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tasks.constants import DEV_SECRET_KEY, MAX_SQL_INT, PROVIDER_NAMES, SHEET_MAX_PAGE_ROWS
+from tasks.constants import (
+    DEV_SECRET_KEY,
+    MAX_SQL_INT,
+    PROVIDER_NAMES,
+    SHEET_MAX_PAGE_ROWS,
+    StartOrder,
+)
 from tasks.errors import ConfigurationError
 
 _HOME = Path.home() / ".playrun"
@@ -194,6 +200,20 @@ class Settings(BaseSettings):
         default=1000, ge=0,
         description="Longest in-place wait for a start permit; longer waits defer the "
                     "attempt.")
+
+    start_order: StartOrder = Field(
+        default=StartOrder.FAIR,
+        description="fair: starts go to the broker by org, weighted by `playrun capacity set "
+                    "--weight`, only as far ahead as the start rate allows; fifo: in order "
+                    "of admission, all at once.")
+    fair_ahead_s: float = Field(
+        default=1.0, gt=0, le=60,
+        description="Fair order: start messages in flight, as seconds of the current start "
+                    "rate.")
+    fair_max_ahead: int = Field(
+        default=200, ge=1, le=10_000,
+        description="Fair order: the most start messages in flight, the bound on the start "
+                    "queues' length.")
 
     deferral_max_count: int = Field(
         default=20, ge=0, description="Deferrals a run may take before it fails.")

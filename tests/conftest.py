@@ -159,6 +159,17 @@ def sqlite_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.fixture
+def fifo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Starts published at admission (PLAYRUN_START_ORDER=fifo): no fair relay, no Redis."""
+    from tasks.settings import reset_settings
+
+    monkeypatch.setenv("PLAYRUN_START_ORDER", "fifo")
+    reset_settings()
+    yield
+    reset_settings()
+
+
+@pytest.fixture
 def published() -> Iterator[StubPublisher]:
     """Task messages this test's code sends, recorded instead of reaching a broker."""
     from tasks.broker.publish import stubbed

@@ -11,15 +11,22 @@ snapshot, so the count follows the lock and sees every committed lease.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from models import CapacityLease, CapacityOrg, db_now, new_id
-from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, LEASE_HELD, EventKind, LeaseState
+from tasks.constants import (
+    CAPACITY_EXCEEDED_MESSAGE,
+    FAIR_WEIGHT_DEFAULT,
+    LEASE_HELD,
+    EventKind,
+    LeaseState,
+)
 from tasks.errors import CapacityExceededError, FenceLostError
-from tasks.parse.checks import check_count, check_org_id
+from tasks.parse.checks import check_count, check_org_id, check_weight
 from tasks.settings import Settings
 from tasks.store import ledger
 from tasks.store.db import is_postgres, session_scope
@@ -224,15 +231,27 @@ def promote_pool(session: Session, fence: Fence, provider: str, sandbox_id: str)
              expires_at=None))
 
 
-def set_limit(org_id: str, limit: int | None) -> None:
-    """An operator override of ORG's limit (None removes it); checked before it is stored."""
+def set_limit(org_id: str, limit: int | None, weight: int | None = None) -> None:
+    """An operator override of ORG's limit (None removes it) and, if given, its weight in
+    the fair order of starts; both checked before either is stored."""
     org_id = check_org_id(org_id)
     if limit is not None:
         limit = check_count(limit, "the capacity limit")
+    values: dict[str, Any] = {"limit": limit, "updated_at": db_now()}
+    if weight is not None:
+        values["weight"] = check_weight(weight)
     with session_scope() as session:
         _lock_org(session, org_id)
         session.execute(sa.update(CapacityOrg).where(CapacityOrg.org_id == org_id)
-                        .values(limit=limit, updated_at=db_now()))
+                        .values(**values))
+
+
+def weights() -> dict[str, int]:
+    """Every org's weight that is not the default."""
+    with session_scope(readonly=True) as session:
+        return {org: int(w) for org, w in session.execute(
+            sa.select(CapacityOrg.org_id, CapacityOrg.weight)
+            .where(CapacityOrg.weight != FAIR_WEIGHT_DEFAULT))}
 
 
 def show(default: int) -> list[tuple[str, int, int, int]]:

@@ -26,6 +26,7 @@ from tasks.constants import (
     AttemptState,
     EventKind,
     RunStatus,
+    StartOrder,
 )
 from tasks.observe import metrics
 from tasks.release.attempt import release_attempt
@@ -101,7 +102,9 @@ def defer(fence: Fence, cause: Cause, settings: Settings, *,
     if verdict is not Verdict.DEFERRED:
         run_settled(fence.run_id,
                     RunStatus.FAILED if verdict is Verdict.EXHAUSTED else RunStatus.CANCELLED)
-    elif outbox_id is not None and delay / 1000 <= settings.max_countdown_s:
+    elif (outbox_id is not None and delay / 1000 <= settings.max_countdown_s
+          and settings.start_order == StartOrder.FIFO):
+        # Fair order: the row waits in the outbox for its org's turn once due.
         _publish_with_countdown(outbox_id, start_args(fence.run_id, provider), delay / 1000)
     return verdict
 
@@ -133,7 +136,8 @@ def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cau
     ledger.append(session, fence.run_id, EventKind.DEFERRED,
                   {"cause": cause, "delay_ms": delay, "detail": detail or None},
                   fence.generation)
-    return enqueue_start(session, fence.run_id, delay_s=delay / 1000, provider=provider)
+    return enqueue_start(session, fence.run_id, run.org_id, delay_s=delay / 1000,
+                         provider=provider, place=run.created_at)
 
 
 def _publish_with_countdown(outbox_id: str, args: list[str], countdown: float) -> None:

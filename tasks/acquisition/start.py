@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tasks.acquisition import capacity, permits, placement
@@ -131,10 +132,11 @@ def _first_start(run_id: str, settings: Settings, policy: traffic.Policy) -> Ope
 _DEFERRED = Acquired(Step.DEFERRED)
 
 
-def acquire_sandbox(opened: Opened, settings: Settings,
-                    routed: str | None = None) -> Acquired:
+def acquire_sandbox(opened: Opened, settings: Settings, routed: str | None = None,
+                    past_permit: Callable[[], None] | None = None) -> Acquired:
     """Raises FenceLostError when the attempt lost its fence on the way. `routed`: the
-    provider the start message was placed on, if any."""
+    provider the start message was placed on, if any; `past_permit` is called once a
+    start permit is decided (the fair relay's window)."""
     claimed, policy = opened.claimed, opened.policy
     fence = claimed.fence
     if policy.mode == traffic.HOLD:
@@ -163,10 +165,10 @@ def acquire_sandbox(opened: Opened, settings: Settings,
     if placed is None:
         own = routed if routed in settings.served else settings.primary_provider
         got = _create_on(provider_for(own), claimed, policy, lease_id, settings,
-                         can_fail_over=False)
+                         can_fail_over=False, past_permit=past_permit)
         assert isinstance(got, Acquired)
         return got
-    return _create_placed(placed, pooled, claimed, policy, lease_id, settings)
+    return _create_placed(placed, pooled, claimed, policy, lease_id, settings, past_permit)
 
 
 def pool_provider(routed: str | None, settings: Settings) -> str:
@@ -175,7 +177,8 @@ def pool_provider(routed: str | None, settings: Settings) -> str:
 
 
 def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
-                   policy: traffic.Policy, lease_id: str, settings: Settings) -> Acquired:
+                   policy: traffic.Policy, lease_id: str, settings: Settings,
+                   past_permit: Callable[[], None] | None) -> Acquired:
     """Each candidate provider in turn, within this attempt and its one capacity lease."""
     fence = claimed.fence
     name_of = placed.policy.name
@@ -203,7 +206,8 @@ def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
         placement.record(fence, name, name_of, why)
         provider = provider_for(name)
         got = _create_on(provider, claimed, policy, lease_id, settings,
-                         can_fail_over=index < last, resume_on=placed.candidates[0][0])
+                         can_fail_over=index < last, resume_on=placed.candidates[0][0],
+                         past_permit=past_permit)
         if isinstance(got, Acquired):
             return got
         try:
@@ -220,7 +224,8 @@ def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
 
 def _create_on(provider: SandboxProvider, claimed: Claimed, policy: traffic.Policy,
                lease_id: str, settings: Settings, *, can_fail_over: bool,
-               resume_on: str | None = None) -> Acquired | str:
+               resume_on: str | None = None,
+               past_permit: Callable[[], None] | None = None) -> Acquired | str:
     """Permit and create on one provider: the Acquired step, or the cause (an error kind)
     to fail over for. A rate limit defers on this provider; a refusal of the last
     candidate defers the attempt to `resume_on` (the first) for a later full pass."""
@@ -229,7 +234,11 @@ def _create_on(provider: SandboxProvider, claimed: Claimed, policy: traffic.Poli
     here = provider.name if placed else None
     published = getattr(provider, "create_rate_per_min", None)
     decision = permits.acquire(provider.name, policy, settings, published)
-    if not decision.granted:
+    if past_permit is not None:
+        past_permit()
+    if decision.granted:
+        metrics.start(claimed.org_id)
+    else:
         defer(fence, "throttle", settings, at_least_ms=decision.wait_ms, provider=here,
               detail=f"start rate {decision.rate:g}/min")
         return _DEFERRED

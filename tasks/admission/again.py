@@ -45,7 +45,8 @@ def admit_again(run_id: str, idempotency_key: str | None) -> Admitted:
                           {"play_digest": old.play_digest, "idempotency_key": idempotency_key,
                            "play_path": old.play_path, "again_of": run_id})
             after_commit(session, metrics.run_admitted)
-            return Admitted(run.id, created=True, outbox_id=enqueue_start(session, run.id))
+            return Admitted(run.id, created=True,
+                            outbox_id=enqueue_start(session, run.id, run.org_id))
     except sa.exc.IntegrityError:
         # A concurrent run-again with the same key won: hand back its run.
         if idempotency_key is None:

@@ -21,7 +21,7 @@ import sqlalchemy.orm
 from models import Outbox, Run, db_now
 from tasks.broker.publish import Message, publisher
 
-__all__ = ["Message", "publish", "publish_admitted", "publish_due", "resend_stale"]
+__all__ = ["Message", "publish", "publish_admitted", "publish_due", "resend_stale", "unmark"]
 from tasks.constants import RunStatus
 from tasks.store.db import is_postgres, session_scope
 
@@ -40,7 +40,7 @@ def publish(messages: Sequence[Message]) -> bool:
     return True
 
 
-def _unmark(ids: Sequence[str]) -> None:
+def unmark(ids: Sequence[str]) -> None:
     """Give rows whose publish failed back to the next sweep (best effort)."""
     try:
         with session_scope() as session:
@@ -54,7 +54,7 @@ def publish_admitted(messages: Sequence[Message]) -> bool:
     """Right after admission commits: its rows were written already marked sent."""
     if publish(messages):
         return True
-    _unmark([task_id for task_id, _, _ in messages])
+    unmark([task_id for task_id, _, _ in messages])
     return False
 
 
@@ -72,28 +72,47 @@ def _claim_and_publish(chosen: sa.Select[Any]) -> int:
                 for row in sorted(claimed, key=lambda r: r.available_at)]
     if publish(messages):
         return len(messages)
-    _unmark([m[0] for m in messages])
+    unmark([m[0] for m in messages])
     return 0
 
 
-def publish_due(*, ids: Sequence[str] | None = None, limit: int = 200) -> int:
-    """Publish up to `limit` unsent rows that are due; returns how many were published."""
+def publish_due(*, ids: Sequence[str] | None = None, limit: int = 200,
+                without_org: bool = False) -> int:
+    """Publish up to `limit` unsent rows that are due; returns how many were published.
+
+    `without_org`: only rows written before fair order knew their org (the fair relay
+    publishes the rest)."""
     stmt = (sa.select(Outbox.id)
             .where(Outbox.sent_at.is_(None), Outbox.available_at <= db_now())
             .order_by(Outbox.available_at).limit(limit))
+    if without_org:
+        stmt = stmt.where(Outbox.org_id.is_(None))
     if ids is not None:
         stmt = stmt.where(Outbox.id.in_(list(ids)))
     return _claim_and_publish(stmt)
 
 
-def resend_stale(*, after_s: float, limit: int = 200) -> int:
+def _requeue(chosen: sa.Select[Any]) -> int:
+    """Fair order: give the chosen rows back to the outbox, unsent, in their org's place."""
+    with session_scope() as session:
+        if is_postgres(session):
+            chosen = chosen.with_for_update(of=Outbox, skip_locked=True)
+        return len(session.execute(
+            sa.update(Outbox).where(Outbox.id.in_(chosen.scalar_subquery()),
+                                    Outbox.org_id.is_not(None))
+            .values(sent_at=None).returning(Outbox.id)).all())
+
+
+def resend_stale(*, after_s: float, limit: int = 200, requeue: bool = False) -> int:
     """Re-publish the start of runs still queued long after it was sent.
 
     A broker that lost its messages (a Redis restart) must not strand a run, nor may a
     submitter that died before its publish. A healthy backlog is not flooded: the broker
     hands out starts oldest first, so only a run sent before the oldest start still
     waiting there can have lost its message (or be held by a worker that died); the
-    others wait their turn. The wait also doubles with each resend.
+    others wait their turn. The wait also doubles with each resend. With `requeue` (fair order) rows
+    that know their org go back to the outbox unsent, for the fair relay to publish in
+    their org's turn, in their place.
     """
     newer = sa.orm.aliased(Outbox)
     # Doubling per resend, capped at 2**6; CASE reads the same on both backends.
@@ -121,4 +140,6 @@ def resend_stale(*, after_s: float, limit: int = 200) -> int:
         waiting_since = sa.select(waiting.sent_at).where(waiting.id == oldest) \
             .scalar_subquery()
         stmt = stmt.where(Outbox.sent_at < sa.func.coalesce(waiting_since, db_now()))
+    if requeue:
+        return _requeue(stmt) + _claim_and_publish(stmt.where(Outbox.org_id.is_(None)))
     return _claim_and_publish(stmt)

@@ -121,12 +121,12 @@ WITH items AS (
     INSERT INTO run_events (run_id, kind, data)
     SELECT items.id, '{EventKind.ADMITTED}', items.event FROM items JOIN inserted USING (id)
 ), outbox_rows AS (
-    INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count)
+    INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count, org_id, place)
     SELECT items.outbox_id, items.id, '{TASK_START_ATTEMPT}',
            CASE WHEN items.provider IS NULL THEN jsonb_build_array(items.id)
                 ELSE jsonb_build_array(items.id, items.provider) END,
            CASE WHEN %(handed_off)s THEN clock_timestamp() END,
-           CASE WHEN %(handed_off)s THEN 1 ELSE 0 END
+           CASE WHEN %(handed_off)s THEN 1 ELSE 0 END, items.org_id, clock_timestamp()
     FROM items JOIN inserted USING (id)
 )
 SELECT id FROM inserted
@@ -152,10 +152,10 @@ WITH inserted AS (
     INSERT INTO run_events (run_id, kind, data)
     SELECT id, '{EventKind.ADMITTED}', %(event)s::jsonb FROM inserted
 ), outbox_rows AS (
-    INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count)
+    INSERT INTO outbox (id, run_id, task_name, args, sent_at, publish_count, org_id, place)
     SELECT %(outbox)s, id, '{TASK_START_ATTEMPT}', %(args)s::jsonb,
            CASE WHEN %(handed_off)s THEN clock_timestamp() END,
-           CASE WHEN %(handed_off)s THEN 1 ELSE 0 END
+           CASE WHEN %(handed_off)s THEN 1 ELSE 0 END, %(org)s, clock_timestamp()
     FROM inserted
 )
 SELECT id FROM inserted
@@ -241,10 +241,12 @@ def _write_sqlite(conn: sa.Connection, items: Sequence[NewRun], ids: list[str],
         conn.execute(sa.insert(RunEvent), [
             {"run_id": run_id, "kind": EventKind.ADMITTED, "data": _event_data(item)}
             for item, run_id, _, _ in new])
-        conn.execute(sa.insert(Outbox).values(sent_at=db_now() if handed_off else None), [
+        conn.execute(sa.insert(Outbox).values(sent_at=db_now() if handed_off else None,
+                                              place=db_now()), [
             {"id": outbox_id, "run_id": run_id, "task_name": TASK_START_ATTEMPT,
-             "args": start_args(run_id, provider), "publish_count": 1 if handed_off else 0}
-            for _, run_id, outbox_id, provider in new])
+             "args": start_args(run_id, provider), "publish_count": 1 if handed_off else 0,
+             "org_id": item.org_id}
+            for item, run_id, outbox_id, provider in new])
     return inserted
 
 

@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +53,18 @@ class Admitted:
     provider: str | None = None  # the queue its start went to, when placed
 
 
-def enqueue_start(session: Session, run_id: str, *, delay_s: float = 0.0,
-                  provider: str | None = None) -> str:
+def enqueue_start(session: Session, run_id: str, org_id: str, *, delay_s: float = 0.0,
+                  provider: str | None = None, place: datetime | None = None) -> str:
     """Add a start_attempt outbox row (published after commit, or by the sweep when due);
-    a start placed on a provider goes to its queue."""
+    a start placed on a provider goes to its queue. `place` is the run's place in its
+    org's line for the fair relay: its admission time, so a deferred start comes back
+    where it was (now when not given)."""
     outbox_id = str(uuid.uuid4())
     session.add(Outbox(
         id=outbox_id, run_id=run_id, task_name=TASK_START_ATTEMPT,
         args=rows.start_args(run_id, provider),
-        available_at=db_now(delay_s),
+        available_at=db_now(delay_s), org_id=org_id,
+        place=place if place is not None else db_now(),
     ))
     return outbox_id
 

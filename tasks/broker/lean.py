@@ -104,6 +104,18 @@ def oldest_waiting(app: Any, queue: str = QUEUE) -> str | None:
     return task_id if isinstance(task_id, str) and len(task_id) <= 64 else None
 
 
+def queue_length(app: Any, queues: Sequence[str]) -> int:
+    """Messages waiting on `queues` in all, in one round trip (0 when another broker does
+    not say)."""
+    url = str(app.conf.broker_url or "")
+    if not _direct(app, url):
+        return 0
+    pipe = redis_client(url).pipeline(transaction=False)
+    for name in queues:
+        pipe.llen(name)
+    return sum(n for n in pipe.execute() if isinstance(n, int))
+
+
 def send_tasks(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> None:
     """Publish every message or raise (a broker error: the caller leaves them to the sweep).
 

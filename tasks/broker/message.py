@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tasks.constants import PROVIDER_QUEUE_PREFIX, QUEUE
@@ -20,3 +21,8 @@ def start_queue(args: list[Any]) -> str:
     if len(args) > 1 and isinstance(args[1], str) and args[1]:
         return provider_queue(args[1])
     return QUEUE
+
+
+def start_queues(served: Sequence[str]) -> tuple[str, ...]:
+    """The queues the starts of a fleet serving `served` wait on."""
+    return (QUEUE, *(provider_queue(name) for name in served))

@@ -35,6 +35,9 @@ class Publisher(Protocol):
     def oldest_waiting(self, queue: str = QUEUE) -> str | None:
         """The task id of the oldest message still waiting on `queue`, when known."""
 
+    def waiting(self, queues: Sequence[str]) -> int:
+        """Messages waiting on `queues` in all (0 when the broker does not say)."""
+
 
 class CeleryPublisher:
     """Sends through a Celery app (the process's own unless given)."""
@@ -71,6 +74,11 @@ class CeleryPublisher:
         from tasks.broker import lean
 
         return lean.oldest_waiting(self.app, queue)
+
+    def waiting(self, queues: Sequence[str]) -> int:
+        from tasks.broker import lean
+
+        return lean.queue_length(self.app, queues)
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,9 @@ class StubPublisher:
 
     def oldest_waiting(self, queue: str = QUEUE) -> str | None:
         return None
+
+    def waiting(self, queues: Sequence[str]) -> int:
+        return 0  # nothing it records is ever taken: no queue to count
 
     def names(self) -> list[str]:
         return [s.name for s in self.sent]

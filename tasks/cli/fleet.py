@@ -10,7 +10,13 @@ import typer
 from tasks.cli.output import console, utc_iso
 from tasks.cli.tables import Column, Table, show
 from tasks.errors import PolicyInvalidError
-from tasks.parse.checks import check_org_id, check_rate, parse_count, parse_number
+from tasks.parse.checks import (
+    check_org_id,
+    check_rate,
+    check_weight,
+    parse_count,
+    parse_number,
+)
 
 # Numbers as positional arguments: let `-1` reach our checks instead of reading as an option.
 NUMERIC_ARGS: dict[str, Any] = {"ignore_unknown_options": True}
@@ -65,26 +71,35 @@ def policy_normal() -> None:
 
 @capacity_app.command("show")
 def capacity_show() -> None:
-    """The default limit, and each org's limit, reserved and live sandboxes."""
+    """The default limit, and each org's limit, reserved and live sandboxes and weight."""
     from tasks.acquisition import capacity
     from tasks.settings import get_settings
 
     settings = get_settings()
     out = console()
-    rows = [(org, str(limit), str(reserved), str(live))
-            for org, limit, reserved, live in capacity.show(settings.org_capacity)]
-    out.print(f"default limit {settings.org_capacity} per org, mode {settings.capacity_mode}",
-              markup=False)
+    weights = capacity.weights()
+    found = capacity.show(settings.org_capacity)
+    listed = {org for org, *_ in found}
+    found += [(org, settings.org_capacity, 0, 0) for org in sorted(set(weights) - listed)]
+    rows = [(org, str(limit), str(reserved), str(live), str(weights.get(org, 1)))
+            for org, limit, reserved, live in found]
+    out.print(f"default limit {settings.org_capacity} per org, mode {settings.capacity_mode}, "
+              f"start order {settings.start_order}", markup=False)
     show(out, Table((Column("org", flex=True), Column("limit"), Column("reserved"),
-                     Column("live")), rows))
+                     Column("live"), Column("weight")), rows))
 
 
 @capacity_app.command("set", context_settings=NUMERIC_ARGS)
-def capacity_set(org: str, limit: Annotated[str, typer.Argument(metavar="N")]) -> None:
-    """Set ORG's concurrent-sandbox limit N (0 stops its starts)."""
+def capacity_set(org: str, limit: Annotated[str, typer.Argument(metavar="N")],
+                 weight: Annotated[str | None, typer.Option(
+                     "--weight", metavar="W",
+                     help="ORG's share of the start rate against other orgs with runs "
+                          "waiting (1-1000, default 1)")] = None) -> None:
+    """Set ORG's concurrent-sandbox limit N (0 stops its starts), and its weight W."""
     from tasks.acquisition import capacity
 
-    capacity.set_limit(check_org_id(org), parse_count(limit, "the capacity limit"))
+    extra = {} if weight is None else {"weight": check_weight(weight)}
+    capacity.set_limit(check_org_id(org), parse_count(limit, "the capacity limit"), **extra)
     capacity_show()
 
 

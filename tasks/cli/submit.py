@@ -31,6 +31,7 @@ def bound_publishing() -> None:
                                           "interval_step": 0.2, "interval_max": 0.2}
     # The relay's own warning would repeat, less clearly, the line submit prints.
     logging.getLogger("playrun.relay").setLevel(logging.ERROR)
+    logging.getLogger("playrun.fair").setLevel(logging.ERROR)
 
 
 def submit(play: Path, input: Any, org: str, key: str | None) -> Any:

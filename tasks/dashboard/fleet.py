@@ -9,6 +9,7 @@ import redis
 from markupsafe import Markup
 
 from tasks.acquisition import capacity, policy
+from tasks.acquisition.fairshare import view as fair_view
 from tasks.acquisition.starthistory import Sample, read_history
 from tasks.dashboard.chart import render
 from tasks.settings import Settings
@@ -35,6 +36,8 @@ class OrgCapacity:
     limit: int
     reserved: int
     live: int
+    weight: int = 1  # its share of the start rate (fair order)
+    backlog: int = 0  # queued runs
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Fleet:
     orgs_hidden: int
     default_limit: int
     capacity_mode: str
+    start_order: str = "fair"
 
 
 def _chart(bucket: str, samples: list[Sample]) -> BucketChart:
@@ -65,9 +69,16 @@ def fleet(settings: Settings) -> Fleet:
         error = f"Redis did not answer ({type(exc).__name__})"
     with session_scope(readonly=True) as session:
         current = policy.current(session)
+        waiting = fair_view.backlogs(session)
     rows = capacity.show(settings.org_capacity)
-    # Fullest first: the orgs an operator is asked about.
-    rows.sort(key=lambda r: (-(r[2] + r[3]) / max(r[1], 1), r[0]))
+    listed = {r[0] for r in rows}
+    rows += [(org, settings.org_capacity, 0, 0) for org in waiting if org not in listed]
+    # Fullest first: the orgs an operator is asked about; then the longest backlogs.
+    rows.sort(key=lambda r: (-(r[2] + r[3]) / max(r[1], 1), -waiting.get(r[0], 0), r[0]))
+    shown = rows[:MAX_ORGS]
+    with session_scope(readonly=True) as session:
+        weights = fair_view.weights(session, [r[0] for r in shown])
     return Fleet(charts, error, current,
-                 [OrgCapacity(*r) for r in rows[:MAX_ORGS]], max(0, len(rows) - MAX_ORGS),
-                 settings.org_capacity, settings.capacity_mode)
+                 [OrgCapacity(*r, weights[r[0]], waiting.get(r[0], 0)) for r in shown],
+                 max(0, len(rows) - MAX_ORGS), settings.org_capacity, settings.capacity_mode,
+                 str(settings.start_order))

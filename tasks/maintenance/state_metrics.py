@@ -19,6 +19,7 @@ from redis import RedisError
 from models import CapacityLease, CapacityOrg
 from tasks.acquisition import permits
 from tasks.acquisition import policy as traffic
+from tasks.acquisition.fairshare import view as fair_view
 from tasks.acquisition.startrate import rules_for
 from tasks.constants import LEASE_HELD
 from tasks.observe import metrics
@@ -38,6 +39,8 @@ class StateCollector(Collector):
                                labels=["source"])
         held: dict[str, dict[str, int]] | None = None
         limits: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        weights: dict[str, int] = {}
         override: float | None = None
         try:
             with session_scope(readonly=True) as session:
@@ -46,6 +49,10 @@ class StateCollector(Collector):
                 held = metrics.top_orgs(_held_by_org(session), self.settings.metrics_top_orgs)
                 limits = _limits(session, [o for o in held if o != metrics.OTHER_ORGS],
                                  self.settings.org_capacity)
+                waiting = fair_view.top(fair_view.backlogs(session),
+                                        self.settings.metrics_top_orgs, metrics.OTHER_ORGS)
+                weights = fair_view.weights(session, [o for o in {*waiting, *limits}
+                                                      if o != metrics.OTHER_ORGS])
         except sa.exc.SQLAlchemyError as exc:
             log.warning("metrics: the database did not answer: %s", exc)
         up.add_metric(["database"], 0.0 if held is None else 1.0)
@@ -62,6 +69,7 @@ class StateCollector(Collector):
             for org, n in limits.items():
                 limit.add_metric([org], float(n))
             yield limit
+            yield from _fair(waiting, weights)
 
     def _rates(self, override: float | None) -> list[Metric] | None:
         bucket = self.settings.sandbox_provider
@@ -105,6 +113,21 @@ def _limits(session: sa.orm.Session, orgs: list[str], default: int) -> dict[str,
         CapacityOrg.org_id.in_(orgs))).all() if orgs else []
     overrides = {org: n for org, n in rows if n is not None}
     return {org: overrides.get(org, default) for org in orgs}
+
+
+def _fair(waiting: dict[str, int], weights: dict[str, int]) -> Iterator[Metric]:
+    backlog = GaugeMetricFamily("playrun_backlog_runs",
+                                "Queued runs waiting to start, by org (top N by backlog, the "
+                                "rest as \"other\").", labels=["org"])
+    for org, n in waiting.items():
+        backlog.add_metric([org], float(n))
+    yield backlog
+    weight = GaugeMetricFamily("playrun_org_weight",
+                               "Each named org's weight in the fair order of starts.",
+                               labels=["org"])
+    for org, w in weights.items():
+        weight.add_metric([org], float(w))
+    yield weight
 
 
 def _capacity(by_org: dict[str, dict[str, int]]) -> Metric:

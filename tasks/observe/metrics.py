@@ -52,6 +52,9 @@ class _Metrics:
         self.penalties = Counter("playrun_start_rate_penalties_total",
                                  "Provider pushback that cut a bucket's rate (once per epoch).",
                                  ["bucket"])
+        self.starts = Counter("playrun_starts_total",
+                              "Start permits granted, by org (this process names at most "
+                              "PLAYRUN_METRICS_TOP_ORGS, the rest \"other\").", ["org"])
         self.creates = Counter("playrun_provider_creates_total",
                                "Sandbox creates, by provider and result (ok or error kind).",
                                ["provider", "result"])
@@ -139,6 +142,21 @@ def run_started(created_at: datetime | None) -> None:
 def permit(bucket: str, granted: bool) -> None:
     if (m := _get()) is not None:
         m.permits.labels(bucket, "granted" if granted else "denied").inc()
+
+
+_start_orgs: set[str] = set()
+
+
+def start(org: str) -> None:
+    """A start permit granted to one of `org`'s runs."""
+    if (m := _get()) is None:
+        return
+    if org not in _start_orgs:
+        if len(_start_orgs) >= get_settings().metrics_top_orgs:
+            org = OTHER_ORGS
+        else:
+            _start_orgs.add(org)
+    m.starts.labels(org).inc()
 
 
 def penalty(bucket: str) -> None:

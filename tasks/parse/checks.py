@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from tasks.constants import (
+    FAIR_WEIGHT_MAX,
     MAX_DURATION_S,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_LIST_RUNS,
@@ -179,3 +180,14 @@ def parse_count(text: Any, what: str) -> int:
         raise InputInvalidError(f"{what} {brief(text)} is not a whole number "
                                 f"between 0 and {MAX_SQL_INT}")
     return check_count(int(text), what)
+
+
+def check_weight(value: Any) -> int:
+    """An org's share of the start rate: a whole number from 1 to FAIR_WEIGHT_MAX."""
+    if isinstance(value, str):
+        value = parse_count(value, "the weight")
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not 1 <= value <= FAIR_WEIGHT_MAX:
+        raise InputInvalidError(f"the weight {brief(value)} is not a whole number "
+                                f"between 1 and {FAIR_WEIGHT_MAX}")
+    return value

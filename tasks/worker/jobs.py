@@ -8,6 +8,7 @@ inspect, cancel) go to the queue of the host that holds it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,6 +18,7 @@ from models import Attempt, Run, db_now
 from tasks.acquisition import placement
 from tasks.acquisition.claim import Skip, Skipped, seconds_until_due
 from tasks.acquisition.deferral import defer
+from tasks.acquisition.fairshare import relay as fair_relay
 from tasks.acquisition.start import Step, acquire_sandbox, open_attempt
 from tasks.admission.relay import publish_due, resend_stale
 from tasks.broker.app import app
@@ -34,6 +36,7 @@ from tasks.constants import (
     TASK_WATCHDOG_PING,
     AttemptState,
     EventKind,
+    StartOrder,
 )
 from tasks.errors import FenceLostError
 from tasks.execution.inspect import Verdict, inspect
@@ -47,7 +50,7 @@ from tasks.release.finish import finish
 from tasks.release.sandboxes import release_sandboxes
 from tasks.sandbox import ProviderError
 from tasks.sandbox.runtime import provider
-from tasks.settings import get_settings
+from tasks.settings import Settings, get_settings
 from tasks.settlement.outcome import CANCELLED_OUTCOME, Outcome
 from tasks.settlement.terminal import CANCEL_REASON, settle_forced, settle_unattended
 from tasks.store import ledger
@@ -62,6 +65,21 @@ held.connect()
 def start_attempt(self: Task, run_id: str, routed: str | None = None) -> str:
     """`routed`: the provider the start was placed on (its queue), if any."""
     settings = get_settings()
+    if settings.start_order != StartOrder.FAIR:
+        return _start(self, run_id, routed, settings, None)
+    task_id = str(self.request.id)
+
+    def past_permit() -> None:
+        fair_relay.taken(task_id, settings)
+
+    try:
+        return _start(self, run_id, routed, settings, past_permit)
+    finally:
+        past_permit()  # every other way out (a second report changes nothing)
+
+
+def _start(self: Task, run_id: str, routed: str | None, settings: Settings,
+           past_permit: Callable[[], None] | None) -> str:
     placement.renew(settings.served)
     opened = open_attempt(run_id, settings, routed)
     if isinstance(opened, Skipped):
@@ -79,7 +97,7 @@ def start_attempt(self: Task, run_id: str, routed: str | None = None) -> str:
     claimed = opened.claimed
     fence = claimed.fence
     try:
-        acquired = acquire_sandbox(opened, settings, routed)
+        acquired = acquire_sandbox(opened, settings, routed, past_permit)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:
@@ -202,6 +220,10 @@ def watchdog_ping() -> None:
 @app.task(name=TASK_SWEEP_OUTBOX)
 def sweep_outbox() -> int:
     settings = get_settings()
+    if settings.start_order == StartOrder.FAIR:
+        return (publish_due(without_org=True)
+                + resend_stale(after_s=settings.outbox_resend_after_s, requeue=True)
+                + fair_relay.pump(settings))
     return publish_due() + resend_stale(after_s=settings.outbox_resend_after_s)
 
 

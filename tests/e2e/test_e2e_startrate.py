@@ -17,7 +17,7 @@ from models import Outbox
 from tasks.acquisition import policy
 from tasks.acquisition.startrate import StartRateLimiter, rules_for
 from tasks.sandbox import FakeScript
-from tasks.settings import Settings
+from tasks.settings import Settings, reset_settings
 from tasks.store.db import session_scope
 from tests.support.env import SANDBOX_ROOT
 from tests.support.helpers import eventually, kinds
@@ -140,14 +140,20 @@ def test_long_deferrals_go_through_the_database_and_the_sweep(pg_url: str) -> No
     assert later and all(sent is not None and sent >= avail for avail, sent, _ in later)
 
 
-def test_throttle_paces_starts_fleet_wide(pg_url: str) -> None:
+def test_throttle_paces_starts_fleet_wide(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In FIFO order every start is published at once, so the bucket defers some; the fair
+    relay paces publishing instead (tests/e2e/test_fair_starts.py)."""
+    monkeypatch.setenv("PLAYRUN_START_ORDER", "fifo")
+    reset_settings()
     policy.set_policy(policy.THROTTLE, for_s=120, starts_per_minute=60)  # one a second
-    w = start_worker()
+    w = start_worker(PLAYRUN_START_ORDER="fifo")
     try:
         handles = [tasks.submit_run(NOOP, input={}, org_id=org()) for _ in range(4)]
         results = [h.wait(timeout=90) for h in handles]
     finally:
         w.stop()
+        monkeypatch.undo()
+        reset_settings()
     assert all(r.status == "succeeded" for r in results)
     starts = sorted(e.at for h in handles for e in tasks.run_events(h.id)
                     if e.kind == "sandbox.requested")

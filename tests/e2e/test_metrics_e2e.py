@@ -93,13 +93,14 @@ def test_counters_after_a_known_mix_of_runs(stack: dict[str, str]) -> None:
     admitted = REGISTRY.get_sample_value("playrun_runs_admitted_total") or 0.0
 
     script.set(fail_creates=["capacity_unavailable"])
-    pushed_back = tasks.submit_run(NOOP, input={}, org_id=org())
+    pushed_back = tasks.submit_run(NOOP, input={}, org_id=(pushed_org := org()))
     assert pushed_back.wait(timeout=60).status == "succeeded"
     script.set(lose_runner=1)
-    lost = tasks.submit_run(NOOP, input={}, org_id=org())
+    lost = tasks.submit_run(NOOP, input={}, org_id=(lost_org := org()))
     assert lost.wait(timeout=90).code == "RUNTIME_RUNNER_LOST"
     script.reset()
-    stepped = tasks.submit_run(PLAYS / "steps.py", input={"counter": "paid.txt"}, org_id=org())
+    stepped = tasks.submit_run(PLAYS / "steps.py", input={"counter": "paid.txt"},
+                               org_id=(stepped_org := org()))
     assert stepped.wait(timeout=60).status == "succeeded"
     assert REGISTRY.get_sample_value("playrun_runs_admitted_total") == admitted + 3
 
@@ -127,6 +128,10 @@ def test_counters_after_a_known_mix_of_runs(stack: dict[str, str]) -> None:
         ("playrun_submit_to_start_seconds_count", ()): 3,
         ("playrun_start_permits_total", labels(bucket="fake", decision="granted")): 4,
         ("playrun_start_rate_penalties_total", labels(bucket="fake")): 1,
+        # Permits granted by org: the pushed-back run's create was tried twice.
+        ("playrun_starts_total", labels(org=pushed_org)): 2,
+        ("playrun_starts_total", labels(org=lost_org)): 1,
+        ("playrun_starts_total", labels(org=stepped_org)): 1,
         ("playrun_deferrals_total", labels(cause="provider_capacity")): 1,
         ("playrun_provider_creates_total", labels(provider="fake", result="ok")): 3,
         ("playrun_provider_creates_total",

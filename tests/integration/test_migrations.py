@@ -52,6 +52,17 @@ def _diff(url: str) -> list[object]:
         return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
 
 
+def _named(diff: list[object]) -> set[tuple[str, str]]:
+    """(operation, column or index name) of each difference."""
+    return {(d[0], d[3].name if d[0] == "add_column" else d[1].name)  # type: ignore[index, attr-defined]
+            for d in diff}
+
+
+# What 0011 adds for the fair order of starts.
+FAIR_0011 = {("add_column", "weight"), ("add_column", "org_id"), ("add_column", "place"),
+             ("add_index", "ix_outbox_fair")}
+
+
 @pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
 def test_upgrade_check_downgrade_round_trip(which: str, request: pytest.FixtureRequest) -> None:
     url = request.getfixturevalue(which)
@@ -97,11 +108,12 @@ def test_0006_adds_and_drops_the_scale_indexes(which: str, request: pytest.Fixtu
     db.upgrade(url, "0006")
     assert _indexes(url) == SCALE_INDEXES
     # The indexes the models have beyond 0006 are exactly 0007's listing indexes, less
-    # 0009's six (later revisions add tables and columns, not indexes).
+    # 0009's six, and 0011's fair index (the other revisions add tables and columns).
     assert {(d[0], d[1].name) for d in _diff(url)  # type: ignore[index, attr-defined]
             if isinstance(d, tuple) and str(d[0]).endswith("_index")} == {
         ("add_index", "ix_runs_created_id"), ("add_index", "ix_runs_org_created_id"),
-        *(("remove_index", name) for names in UNWRITTEN.values() for name in names)}
+        *(("remove_index", name) for names in UNWRITTEN.values() for name in names),
+        ("add_index", "ix_outbox_fair")}
     db.downgrade(url, "0005")
     assert db.current_revision(url) == "0005"
     assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
@@ -142,3 +154,28 @@ def test_0006_indexes_are_partial_on_postgres(empty_pg: str) -> None:
     assert "WHERE (sent_at IS NULL)" in defs["ix_outbox_unsent_due"]
     assert "WHERE ((state)::text = 'reserved'::text)" in defs["ix_capacity_leases_reserved_expiry"]
     assert "WHERE ((state)::text <> 'deleted'::text)" in defs["ix_runtime_resources_undeleted"]
+
+
+@pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
+def test_0011_adds_weights_and_each_unsent_start_s_org_and_place(
+        which: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(which)
+    db.upgrade(url, "0010")
+    with db.get_engine(url).begin() as conn:  # a run queued before the upgrade
+        conn.execute(sa.text(
+            "INSERT INTO play_bundles (digest, source, size) VALUES ('d', 's', 1)"))
+        conn.execute(sa.text(
+            "INSERT INTO runs (id, org_id, play_path, play_digest, input, status, "
+            "current_generation, deferral_count, deferral_total_ms) VALUES "
+            "('r1', 'acme', 'p.py', 'd', 'null', 'queued', 0, 0, 0)"))
+        conn.execute(sa.text(
+            "INSERT INTO outbox (id, run_id, task_name, args, publish_count) "
+            "VALUES ('o1', 'r1', 'playrun.start_attempt', '[\"r1\"]', 0)"))
+    db.upgrade(url, "0011")
+    assert _diff(url) == []
+    with db.get_engine(url).connect() as conn:
+        org, place = conn.execute(sa.text(
+            "SELECT org_id, place FROM outbox WHERE id = 'o1'")).one()
+    assert org == "acme" and place is not None  # the fair relay can find it
+    db.downgrade(url, "0010")
+    assert _named(_diff(url)) == FAIR_0011

@@ -4,6 +4,7 @@ loopback double beside `local`, policies set through the CLI, runs through submi
 from __future__ import annotations
 
 import importlib.util
+import random
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from tasks.constants import KEY_SERVED_PROVIDERS, EventKind
 from tasks.sandbox.providers import REMOTE
 from tasks.store.notify import redis_client
 from tests.doubles.base import Double, discover
+from tests.support.helpers import eventually
 from tests.support.paths import ROOT
 from tests.support.runs import FAST_RECOVERY
 from tests.support.stack import Worker, worker_env
@@ -41,7 +43,8 @@ def cli_run(*args: str) -> Any:
 
 def test_a_canary_share_is_kept_over_500_runs_and_never_flips() -> None:
     policy = Policy("p", "local", canary_provider="e2b", canary_pct=20.0)
-    ids = [uuid.uuid4().hex.upper() for _ in range(500)]
+    seeded = random.Random(500)  # fixed ids: a share of random ones strays past 4% at times
+    ids = [uuid.UUID(int=seeded.getrandbits(128)).hex.upper() for _ in range(500)]
     picks = [order(policy, run_id)[0] for run_id in ids]
     share = sum(1 for provider, _ in picks if provider == "e2b") / len(ids) * 100
     assert 16 <= share <= 24
@@ -190,7 +193,8 @@ def test_a_create_that_timed_out_after_making_the_sandbox_serves_once_and_leaves
         # The sandbox the lost answer made is either the one found again by its key or
         # deleted before the fallback: never a second one left behind.
         assert double.creates() == 1
-        assert double.live_count() == 0
+        # The served sandbox's release follows the run's end, asynchronously.
+        eventually(lambda: double.live_count() == 0, what="the served sandbox's release")
 
 
 def test_a_worker_serving_only_local_never_takes_a_start_placed_on_the_cloud(

@@ -5,7 +5,9 @@ oldest, or all of them) gets them again, on a real Redis broker with no worker."
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
+import pytest
 import redis
 import sqlalchemy as sa
 
@@ -15,12 +17,23 @@ from tasks.admission import relay
 from tasks.broker import lean
 from tasks.broker.app import app
 from tasks.constants import QUEUE
+from tasks.settings import reset_settings
 from tasks.store.db import session_scope
 from tests.support.paths import ROOT
 from tests.support.runs import close_open_runs
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 ORG = "resend-"
+
+
+@pytest.fixture(autouse=True)
+def fifo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The FIFO relay's resend (the fair order gives stale rows back to the outbox)."""
+    monkeypatch.setenv("PLAYRUN_START_ORDER", "fifo")
+    reset_settings()
+    yield
+    monkeypatch.undo()
+    reset_settings()
 
 
 def _counts(run_ids: list[str]) -> list[int]:

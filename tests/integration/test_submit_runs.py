@@ -200,7 +200,8 @@ def test_the_direct_envelope_is_what_kombu_writes(redis_url: str) -> None:
 # --- SQLite: the same batch, and a relay that never publishes under the write lock -------
 
 
-def test_submit_runs_on_sqlite(sqlite_db: str, published: StubPublisher) -> None:
+def test_submit_runs_on_sqlite(sqlite_db: str, published: StubPublisher, fifo: None) -> None:
+    """In FIFO order: published at admission, in one pipeline."""
     o = org()
     hs = tasks.submit_runs([{"play": NOOP, "input": {"i": i % 3}, "org_id": o,
                              "idempotency_key": f"k{i % 3}"} for i in range(6)])
@@ -247,7 +248,8 @@ class LockWatcher(StubPublisher):
 
 
 @pytest.fixture
-def lock_watcher(sqlite_db: str) -> Iterator[LockWatcher]:
+def lock_watcher(sqlite_db: str, fifo: None) -> Iterator[LockWatcher]:
+    """The FIFO relay's publishes, each checked for SQLite's write lock."""
     path = sa.engine.make_url(sqlite_db).database
     assert path is not None
     watcher = LockWatcher(path)

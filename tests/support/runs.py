@@ -152,6 +152,9 @@ def close_open_runs(org_prefix: str) -> None:
         session.execute(sa.update(CapacityLease).where(
             CapacityLease.run_id.in_(open_ids), CapacityLease.state.in_(["reserved", "live"]),
         ).values(state="released", released_at=db_now()))
+        # Their unsent starts too: the fair relay would publish them in a later test's time.
+        session.execute(sa.update(Outbox).where(
+            Outbox.run_id.in_(open_ids), Outbox.sent_at.is_(None)).values(sent_at=db_now()))
         session.execute(sa.update(Run).where(Run.id.in_(open_ids)).values(
             status="cancelled", code="CANCELLED", error="closed by the test harness",
             finished_at=db_now(), deferred_until=None))

@@ -32,7 +32,7 @@ def test_the_real_publisher_is_the_celery_apps_until_another_is_used() -> None:
 
 
 def test_a_submitted_run_sends_its_start_with_the_outbox_id(
-    sqlite_db: str, published: StubPublisher
+    sqlite_db: str, published: StubPublisher, fifo: None
 ) -> None:
     handle = tasks.submit_run(NOOP, {"n": 1}, org_id="pub")
     with session_scope(readonly=True) as s:
@@ -43,7 +43,7 @@ def test_a_submitted_run_sends_its_start_with_the_outbox_id(
 
 
 def test_a_broker_error_leaves_the_start_to_the_sweep(
-    sqlite_db: str, published: StubPublisher
+    sqlite_db: str, published: StubPublisher, fifo: None
 ) -> None:
     published.fail = ConnectionError("broker down")
     handle = tasks.submit_run(NOOP, org_id="pub")
@@ -65,3 +65,19 @@ def test_the_stub_never_sees_a_broker(tmp_path: Path, monkeypatch: pytest.Monkey
         ([2], {"task_id": "id1", "countdown": None}, "q"),
     ]
     assert stub.oldest_waiting() is None
+
+
+def test_in_fair_order_a_relay_without_redis_leaves_the_start_to_the_sweep(
+    sqlite_db: str, published: StubPublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.settings import reset_settings
+
+    monkeypatch.setenv("PLAYRUN_START_ORDER", "fair")
+    monkeypatch.setenv("PLAYRUN_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens
+    reset_settings()
+    handle = tasks.submit_run(NOOP, org_id="pub")
+    assert not handle.published and published.sent == []
+    with session_scope(readonly=True) as s:
+        row = s.execute(sa.select(Outbox.org_id, Outbox.sent_at)
+                        .where(Outbox.run_id == handle.id)).one()
+    assert tuple(row) == ("pub", None)  # committed, waiting in the outbox for its turn

@@ -18,8 +18,9 @@ NOOP = ROOT / "examples" / "plays" / "noop.py"
 
 
 @pytest.fixture
-def db(sqlite_db: str, published: StubPublisher) -> list[Any]:
-    """A migrated SQLite database; start messages are recorded instead of published."""
+def db(sqlite_db: str, published: StubPublisher, fifo: None) -> list[Any]:
+    """A migrated SQLite database; start messages are recorded instead of published (at
+    admission: FIFO order)."""
     return published.sent
 
 

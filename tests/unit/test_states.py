@@ -52,14 +52,14 @@ STORED = {
         "run.cancel_requested",
         "run.maintenance_failed",
         "run.progress_dropped",
+        "placement.chosen",
+        "ledger.budget_spent",
+        "gateway.refused",
         "runner.lost",
         "runner.unreachable",
         "run.succeeded",
         "run.failed",
         "run.cancelled",
-        "placement.chosen",
-        "ledger.budget_spent",
-        "gateway.refused",
     },
 }
 

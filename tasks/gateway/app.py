@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -66,7 +67,9 @@ def refusal(exc: PlayrunError) -> JSONResponse:
     message = FENCE_LOST_MESSAGE if isinstance(exc, FenceLostError) else exc.message
     if isinstance(exc, GatewayRateLimitedError):
         return JSONResponse({"code": exc.code, "error": message,
-                             "retry_after_s": round(exc.retry_after_s, 3)}, status_code=status,
+                             # Whole milliseconds, never 0: a refused request always waits.
+                             "retry_after_s": max(math.ceil(exc.retry_after_s * 1000), 1)
+                             / 1000}, status_code=status,
                             headers={"Retry-After": retry_after_header(exc.retry_after_s)})
     return JSONResponse({"code": exc.code, "error": message}, status_code=status)
 

@@ -334,7 +334,7 @@ class DaytonaDouble:
 class DaytonaTestProvider(DaytonaProvider):
     """The real adapter, pointed at the double without touching this process's env."""
 
-    create_timeout_s = 5.0  # a lost create answer shows within seconds, not a minute
+    create_timeout_s = 3.0  # a lost create answer shows within seconds, not a minute
 
     def __init__(self, root: Path, *, env: dict[str, str]) -> None:
         super().__init__(root)

@@ -1,4 +1,4 @@
-"""Untrusted arguments from app code never reach SQL raw (issue #7).
+"""Untrusted arguments from app code never reach SQL raw.
 
 Odd values (NUL, lone surrogates, deep nesting, huge ints, NaN/inf, huge strings,
 wrong types) are fed into submit_run, get_run, cancel_run, run_events, list_runs
@@ -307,7 +307,7 @@ def test_list_runs_checks_limit_and_org(pg_url: str, known_run: str, limit: Any,
         assert org is None or all(v.org_id == org for v in views)
 
 
-# --- specific cases named in issue #7 ------------------------------------------------------
+# --- specific odd values, each once ------------------------------------------------------
 
 @pytest.mark.parametrize("value", [
     DEEP, {"a": DEEP}, nested(65), float("nan"), [float("-inf")], {"n": 2**63}, 1e16, -1e300,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,14 +34,10 @@ from tests.support.receipts import (
     receipt,
     step_events,
 )
-from tests.support.runs import close_open_runs, must_claim, supersede
+from tests.support.runs import closes_open_runs, must_claim, supersede
 from tests.support.stack import Gateway
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_open_runs_left(pg_url: str) -> Iterator[None]:
-    yield
-    close_open_runs(ORG_PREFIX)
+_no_open_runs_left = closes_open_runs(ORG_PREFIX)
 
 
 # --- claim, complete, reuse ----------------------------------------------------------------

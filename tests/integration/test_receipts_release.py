@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,14 +30,10 @@ from tests.support.receipts import (
     receipt,
     step_events,
 )
-from tests.support.runs import close_open_runs
+from tests.support.runs import closes_open_runs
 from tests.support.stack import Gateway, worker_env
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_open_runs_left(pg_url: str) -> Iterator[None]:
-    yield
-    close_open_runs(ORG_PREFIX)
+_no_open_runs_left = closes_open_runs(ORG_PREFIX)
 
 
 # --- release --------------------------------------------------------------------------------

@@ -327,11 +327,14 @@ def test_a_sandbox_cannot_see_another_sandbox_or_its_token(tmp_path: Path) -> No
 
 def test_the_gateway_socket_env_points_inside_the_sandbox(tmp_path: Path) -> None:
     prov = LocalProvider(tmp_path / "sb", isolation="strict")
-    src = (b"import getpass, os\ndef run(ctx, input):\n"
-           b"    return dict(os.environ, USER_IS=getpass.getuser(), UID=str(os.getuid()))\n")
-    sid = _sandbox(prov, src, None)
+    # A plain process, not the runner: the runner takes its own settings out of the
+    # environment before a play could read them.
+    dump = (b"import getpass, json, os\n"
+            b"env = dict(os.environ, USER_IS=getpass.getuser(), UID=str(os.getuid()))\n"
+            b"open('result.json', 'w').write(json.dumps(env))\n")
+    sid = prov.create(SandboxSpec(labels={"t": "iso"}, files={"dump.py": dump})).sandbox_id
     socket_path = tmp_path / "gw" / "gateway.sock"
-    prov.exec_detached(sid, ["{python}", "runner.py", "--timeout", "20"], env={
+    prov.exec_detached(sid, ["{python}", "dump.py"], env={
         "PLAYRUN_GATEWAY_SOCKET": str(socket_path),
         "PLAYRUN_GATEWAY_URL": "http://127.0.0.1:8765",
         "PLAYRUN_TOKEN": "t",
@@ -339,7 +342,7 @@ def test_the_gateway_socket_env_points_inside_the_sandbox(tmp_path: Path) -> Non
     _wait(prov, sid)
     read = prov.read_file(sid, "result.json", max_bytes=1 << 20)
     assert read is not None
-    env = json.loads(read.data)["output"]
+    env = json.loads(read.data)
     assert env["PLAYRUN_GATEWAY_SOCKET"] == "/run/playrun/gateway.sock"
     assert env["PLAYRUN_GATEWAY_URL"] == "http://127.0.0.1:8765"
     assert env["HOME"] == "/sandbox"

@@ -112,6 +112,11 @@ def penalize(provider: str, policy: Policy, epoch: int, settings: Settings,
     refused_rate: the rate of a create the provider rate-limited, which becomes the
     fleet's ceiling (ceiling.py)."""
     if refused_rate is not None:
+        # The bucket's rate is what it allowed, not what was made: a fleet that started
+        # fast finds the provider's limit in what it was granted over the last minute.
+        granted = starthistory.grants_last_minute(provider)
+        if granted is not None:
+            refused_rate = min(refused_rate, granted)
         ceiling.learn(settings.redis_url, provider, refused_rate,
                       settings.start_rate_floor_per_min)
     rules = _rules(provider, policy, settings, published_per_min)

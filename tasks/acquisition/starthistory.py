@@ -167,6 +167,33 @@ def _rate(raw: dict[bytes, bytes]) -> float | None:
         return None
 
 
+def grants_last_minute(bucket: str, client: redis.Redis | None = None) -> float | None:
+    """About how many permits the fleet was granted on `bucket` in the last 60 s: this
+    minute's grants and the still-covered share of the last minute's. None when unknown."""
+    flush()  # this process's own recent grants count too
+    try:
+        client = client or redis_client()
+        seconds, micros = client.time()  # type: ignore[misc]
+        now_s = int(seconds) + int(micros) / 1e6
+        minute = int(now_s) // 60
+        pipe = client.pipeline(transaction=False)
+        pipe.hget(minute_key(bucket, minute), GRANTS)
+        pipe.hget(minute_key(bucket, minute - 1), GRANTS)
+        this, last = pipe.execute()
+    except RedisError:
+        return None
+    covered = 1.0 - (now_s - minute * 60) / 60  # of the last minute, still in the window
+    total = _count(this) + _count(last) * covered
+    return total if total > 0 else None
+
+
+def _count(raw: object) -> int:
+    try:
+        return max(0, int(raw)) if isinstance(raw, (bytes, str)) else 0
+    except ValueError:
+        return 0
+
+
 def read_history(minutes: int = START_HISTORY_MINUTES,
                  client: redis.Redis | None = None) -> dict[str, list[Sample]]:
     """Each bucket's samples for the last `minutes` minutes (oldest first, the current

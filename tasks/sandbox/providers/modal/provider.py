@@ -133,9 +133,11 @@ class ModalProvider:
         return sandbox, labels, created or created_at
 
     async def _upload(self, sandbox: Any, spec: SandboxSpec) -> None:
-        for rel, data in bootstrap.files_for(spec).items():
-            path = f"{self.workdir}/{commands.safe_relative(rel)}"
-            await sandbox.filesystem.write_bytes.aio(data, path)
+        # One round trip per file, all in flight at once: the files are independent.
+        write = sandbox.filesystem.write_bytes.aio
+        await asyncio.gather(*(
+            write(data, f"{self.workdir}/{commands.safe_relative(rel)}")
+            for rel, data in bootstrap.files_for(spec).items()))
 
     def _terminate_quietly(self, s: Session, sandbox: Any) -> None:
         # If this fails too, its hard lifetime ends it; GC lists it by its labels meanwhile.

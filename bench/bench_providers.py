@@ -16,6 +16,7 @@ in a real worker, the double speaking the provider's wire protocol; tests/double
     429 with Retry-After). A closed loop keeps --backlog runs queued for --duration s;
     after --warmup s, the creates the double accepted a minute (goal >= 0.8 R) and its
     429s as a share of them (goal <= 10%). --quick: 60 s after a 30 s warm-up.
+BENCH_KEEP_LOGS=1 keeps the workers' and doubles' logs (their directory is printed).
 """
 
 from __future__ import annotations
@@ -239,6 +240,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"no double or SDK for {unknown}; have {sorted(found)}")
     log_dir = Path(tempfile.mkdtemp(prefix="bench-providers-"))
+    if os.environ.get("BENCH_KEEP_LOGS"):
+        print(f"logs in {log_dir}")
     results: dict[str, tuple[list[float], list[float]]] = {}
     rates: dict[str, dict[str, float]] = {}
     children = []
@@ -273,7 +276,7 @@ def main() -> None:
           f"{args.warmup:g} s warm-up, backlog {args.backlog}; 2 shared cores")
     report_overhead(results)
     report_goodput(rates, args)
-    if "--keep" not in sys.argv:
+    if not os.environ.get("BENCH_KEEP_LOGS"):
         shutil.rmtree(log_dir, ignore_errors=True)
 
 

@@ -119,6 +119,20 @@ def test_exact_pace_counts_as_busy_and_grows() -> None:
     assert rates == [60_000, 66_000, 72_000, 78_000]
 
 
+def test_a_start_deferred_to_its_slot_grows_the_rate_though_it_arrives_late() -> None:
+    p = provider_params()
+    sim = Sim([p], horizon_ms=0)
+    rates = []
+    for _ in range(4):
+        d = sim.acquire()
+        assert d.granted
+        rates.append(d.rate_mpm)
+        assert sim.states[0] is not None
+        # Told to come back at its slot, it arrives through the broker a little after it.
+        sim.now = sim.states[0].tat_us + maths.interval_us(d.rate_mpm) // 5
+    assert rates == [60_000, 66_000, 72_000, 78_000]
+
+
 def test_grants_are_paced_and_never_burst() -> None:
     p = provider_params(initial_per_min=600, max_per_min=600)
     sim = Sim([p])

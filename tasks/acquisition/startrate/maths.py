@@ -202,9 +202,10 @@ def effective_mpm(p: Params, s: State) -> int:
     return p.fixed_mpm if p.fixed_mpm > 0 else adaptive_mpm(p, s)
 
 
-def is_busy(s: State, now_us: int) -> bool:
-    """A backlog, or the previous permit (at tat - interval) lies within the last interval."""
-    return s.tat_us >= now_us
+def is_busy(s: State, now_us: int, interval: int) -> bool:
+    """A backlog, or the next slot (tat) came at most a quarter interval ago: a start
+    deferred to its slot arrives a little after it, and is demand all the same."""
+    return s.tat_us + interval // 4 >= now_us
 
 
 def grown_mpm(p: Params, s: State, busy: bool, successes: int) -> int:
@@ -248,7 +249,8 @@ def acquire(
     for p, s in zip(params, cur, strict=False):
         # Every rule's next slot follows the shared schedule, so each rule stays paced.
         tat = scheduled + interval_us(effective_mpm(p, s))
-        rate = grown_mpm(p, s, is_busy(s, now_us), successes)
+        rate = grown_mpm(p, s, is_busy(s, now_us, interval_us(effective_mpm(p, s))),
+                         successes)
         new.append(State(rate, tat, s.epoch, s.cooldown_until_us))
     rate = min(effective_mpm(p, s) for p, s in zip(params, new, strict=False) if s is not None)
     return Decision(True, ms_ceil(scheduled), now_ms, 0, rate, epoch), new

@@ -103,7 +103,7 @@ def test_idle_bucket_does_not_grow() -> None:
     for _ in range(50):
         d = sim.acquire(successes=5)
         assert d.granted and d.rate_mpm == p.initial_mpm
-        sim.now += maths.interval_us(p.initial_mpm) * 3 // 2  # demand below the rate
+        sim.now += maths.interval_us(p.initial_mpm) * 5 // 2  # demand under half the rate
 
 
 def test_exact_pace_counts_as_busy_and_grows() -> None:
@@ -129,7 +129,7 @@ def test_a_start_deferred_to_its_slot_grows_the_rate_though_it_arrives_late() ->
         rates.append(d.rate_mpm)
         assert sim.states[0] is not None
         # Told to come back at its slot, it arrives through the broker a little after it.
-        sim.now = sim.states[0].tat_us + maths.interval_us(d.rate_mpm) // 5
+        sim.now = sim.states[0].tat_us + maths.interval_us(d.rate_mpm) * 4 // 5
     assert rates == [60_000, 66_000, 72_000, 78_000]
 
 

@@ -203,9 +203,10 @@ def effective_mpm(p: Params, s: State) -> int:
 
 
 def is_busy(s: State, now_us: int, interval: int) -> bool:
-    """A backlog, or the next slot (tat) came at most a quarter interval ago: a start
-    deferred to its slot arrives a little after it, and is demand all the same."""
-    return s.tat_us + interval // 4 >= now_us
+    """A backlog, or the next slot (tat) came at most an interval ago: a start deferred to
+    its slot arrives after it (the broker, the deferral's jitter), and is demand all the
+    same. Demand under half the rate never grows it."""
+    return s.tat_us + interval >= now_us
 
 
 def grown_mpm(p: Params, s: State, busy: bool, successes: int) -> int:

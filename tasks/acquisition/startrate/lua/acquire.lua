@@ -50,10 +50,10 @@ for i = 1, n do
   local r, eff = h[6], h[7]
   -- Every rule's next slot follows the shared schedule, so each rule stays paced.
   local tat = scheduled + ceil(60000000000 / eff)
-  -- Additive increase only while busy (a backlog, or the slot came at most a quarter
-  -- interval ago: a deferred start arrives just after it) and never under an override.
+  -- Additive increase only while busy (a backlog, or the slot came at most an interval
+  -- ago: a deferred start arrives after it) and never under an override.
   if A[a + 5] == 0 then
-    if h[2] + floor(ceil(60000000000 / h[7]) / 4) >= now and successes > 0 then
+    if h[2] + ceil(60000000000 / h[7]) >= now and successes > 0 then
       r = min(A[a + 2], r + A[a + 4] * successes)
     end
     eff = r

@@ -3,8 +3,9 @@ not yet in the ledger, and how close the attempt is to its hard budget.
 
 A refusal costs no database write of its own. The first refusal of a code is written at
 once as a `gateway.refused` row (`code`, `count`); later ones are gathered into at most
-one row per code every GATEWAY_REFUSED_EVERY_S, GATEWAY_REFUSED_MAX_EVENTS rows per
-attempt, then one `ledger.budget_spent` row, and past that they are only counted.
+one row per code every GATEWAY_REFUSED_EVERY_S (and before the attempt's terminal), at
+most GATEWAY_REFUSED_MAX_EVENTS rows per attempt, then one `ledger.budget_spent` row,
+and past that they are only counted.
 
 The hard budget is a leaky count: each refusal adds one, it drains
 `gateway_abuse_refusals` per `gateway_abuse_window_s`; past the budget the attempt is
@@ -107,8 +108,11 @@ class Refusals:
             if tally.level > self.limit:
                 tally.failed_until = now + max(keep_s, IDLE_S)
                 return Verdict(self._take(tally, now), True, dict(tally.total))
-            due = code not in tally.written or now - tally.flushed_at >= self.every_s
-            return Verdict(self._take(tally, now) if due else None)
+            if now - tally.flushed_at >= self.every_s:
+                return Verdict(self._take(tally, now))
+            # A code's first refusal is a row of its own at once; the rest wait their turn.
+            return Verdict(self._take(tally, now, only=code) if code not in tally.written
+                           else None)
 
     def settling(self, key: Key, now: float | None = None) -> Flush | None:
         """What is left to write before the attempt's terminal (after it, no fence holds)."""
@@ -127,16 +131,19 @@ class Refusals:
             if tally is not None:
                 tally.closed = True
 
-    def _take(self, tally: _Tally, now: float) -> Flush | None:
+    def _take(self, tally: _Tally, now: float, only: str | None = None) -> Flush | None:
+        """Pending refusals as rows (all codes, or `only` one), within the attempt's rows."""
         room = self.max_rows - tally.rows
         if tally.closed or room <= 0 or not tally.pending:
             return None
+        if only is None:
+            tally.flushed_at = now
         # Codes without a row first: every code shows in the ledger while rows are left.
-        codes = sorted(tally.pending, key=lambda c: (c in tally.written, c))[:room]
+        codes = [only] if only is not None else sorted(
+            tally.pending, key=lambda c: (c in tally.written, c))[:room]
         counts = {code: tally.pending.pop(code) for code in codes}
         tally.rows += len(counts)
         tally.written.update(counts)
-        tally.flushed_at = now
         tally.closed = tally.rows >= self.max_rows
         return Flush(counts, tally.closed)
 

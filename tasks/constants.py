@@ -120,6 +120,12 @@ class EventKind(enum.StrEnum):
     CANCELLED = "run.cancelled"
 
 
+# `gateway.refused` rows per attempt (each a code and a count), and how often one code's
+# later refusals are gathered into a row; past the rows, refusals are only counted.
+GATEWAY_REFUSED_MAX_EVENTS: Final = 20
+GATEWAY_REFUSED_EVERY_S: Final = 5.0
+GATEWAY_REFUSED_GROUP: Final = "gateway.refused"
+
 # Ledger rows the step actions write, budgeted together per attempt (settings.step_max_events).
 STEP_EVENTS: Final = (EventKind.STEP_REUSED, EventKind.STEP_COMPLETED, EventKind.STEP_FAILED,
                       EventKind.STEP_TAKEN_OVER)
@@ -142,6 +148,8 @@ START_DEFERRAL_EXHAUSTED: Final = "START_DEFERRAL_EXHAUSTED"
 RUNTIME_RUNNER_LOST: Final = "RUNTIME_RUNNER_LOST"
 CANCELLED_CODE: Final = "CANCELLED"
 SANDBOX_START_FAILED: Final = "SANDBOX_START_FAILED"
+# The gateway failed the attempt for sustained refused requests (tasks/gateway/refusals.py).
+GATEWAY_ABUSE: Final = protocol.GATEWAY_ABUSE
 # Maintenance kept failing on this run (see tasks/maintenance/trouble.py).
 RUNTIME_INTERNAL_ERROR: Final = "RUNTIME_INTERNAL_ERROR"
 # Codes a run may fail with from ctx.step (tasks/execution/runner_steps.py).

@@ -267,6 +267,12 @@ class CapabilityDeniedError(GatewayError):
     status = 403
 
 
+class GatewayAbuseError(GatewayError):
+    """The gateway failed this attempt for sustained refused requests; it serves it no more."""
+
+    code = protocol.GATEWAY_ABUSE
+    status = 403
+
 
 class ReceiptNotHeldError(GatewayError):
     """This attempt does not hold the work receipt it tries to settle."""

@@ -75,10 +75,18 @@ GATEWAY_UNKNOWN_ACTION: Final = "GATEWAY_UNKNOWN_ACTION"
 GATEWAY_TOKEN_INVALID: Final = "GATEWAY_TOKEN_INVALID"
 GATEWAY_TOKEN_EXPIRED: Final = "GATEWAY_TOKEN_EXPIRED"
 GATEWAY_CAPABILITY_DENIED: Final = "GATEWAY_CAPABILITY_DENIED"
+# The gateway failed the attempt: it sent far more refused requests than a runner does.
+GATEWAY_ABUSE: Final = "GATEWAY_ABUSE"
 # Refusals after which this runner no longer owns its attempt, whatever it asked: it stops.
 # Every runner token carries every runner capability, so a denial means it is not ours.
 STOP_CODES: Final = frozenset(
-    {FENCE_LOST, GATEWAY_TOKEN_EXPIRED, GATEWAY_TOKEN_INVALID, GATEWAY_CAPABILITY_DENIED}
+    {
+        FENCE_LOST,
+        GATEWAY_TOKEN_EXPIRED,
+        GATEWAY_TOKEN_INVALID,
+        GATEWAY_CAPABILITY_DENIED,
+        GATEWAY_ABUSE,
+    }
 )
 
 # Gateway actions (POST /v1/runtime {"action": ...}).

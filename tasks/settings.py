@@ -61,6 +61,16 @@ class Settings(BaseSettings):
         default=4 * 1024 * 1024, gt=0,
         description="Request bytes per second one attempt may send (its burst is twice the "
                     "largest body).")
+    gateway_abuse_refusals: int = Field(
+        default=3000, ge=1, le=MAX_SQL_INT,
+        description="Refused requests that fail an attempt GATEWAY_ABUSE: a leaky count that "
+                    "drains this many per PLAYRUN_GATEWAY_ABUSE_WINDOW_S; past it the "
+                    "gateway ends the attempt and frees its sandbox.")
+    gateway_abuse_window_s: float = Field(
+        default=60.0, gt=0, le=86400,
+        description="The window of PLAYRUN_GATEWAY_ABUSE_REFUSALS: an attempt with at most "
+                    "that many refusals in every window is never failed; one with more than "
+                    "twice as many in one window always is.")
     heartbeat_interval_s: float = Field(
         default=5.0, gt=0, description="Seconds between a runner's heartbeats.")
     heartbeat_timeout_s: float = Field(

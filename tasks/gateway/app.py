@@ -36,10 +36,11 @@ from tasks.errors import (
     SheetWriteIntentInvalidError,
     SheetWriteVersionMismatchError,
 )
-from tasks.gateway import observe
+from tasks.gateway import guard, observe
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.budgets import Budgets, retry_after_header
+from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher, Send
 from tasks.parse import untrusted
 from tasks.security import tokens
@@ -171,7 +172,10 @@ async def run_action(action: Action, grant: tokens.Grant, model: ActionRequest,
 def create_app(settings: Settings, send_task: Send) -> Starlette:
     beats = BeatBatcher(settings.heartbeat_timeout_s, settings.gateway_beat_window_s)
     releases = ReleaseBatcher(send_task, RELEASE_BATCH_WINDOW_S)
-    ctx = Context(settings=settings, beats=beats, releases=releases)
+    # Per process, in memory, as the budgets: each gateway process counts its own.
+    ctx = Context(settings=settings, beats=beats, releases=releases,
+                  refusals=Refusals(settings.gateway_abuse_refusals,
+                                    settings.gateway_abuse_window_s))
     budgets = Budgets(settings.gateway_attempt_requests_per_s,
                       settings.gateway_attempt_request_burst,
                       settings.gateway_attempt_bytes_per_s,
@@ -182,8 +186,11 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
         started = time.perf_counter()
         label, code = observe.UNKNOWN, observe.OK
         admitted: tuple[str, int] | None = None
+        grant: tokens.Grant | None = None
+        acting = False  # refusals before an action runs are the gateway's own: counted
         try:
             grant = tokens.verify(bearer(request), settings.secret_key)
+            ctx.refusals.check((grant.run_id, grant.generation))
             limit, hinted = body_limit(request, grant, settings)
             declared = request.headers.get("content-length", "")
             attempt = (grant.run_id, grant.generation)
@@ -198,10 +205,13 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             planned = plan(doc, grant, len(body), hinted)
             label = observe.request_label([a.name for a, _ in planned], "actions" in doc)
             results = []
+            acting = True
             for action, model in planned:
                 results.append(await run_action(action, grant, model, ctx))
                 observe.effects(action.name, results[-1])
         except PlayrunError as exc:
+            if grant is not None and not acting and isinstance(exc, GatewayError):
+                exc = await guard.refused(grant, exc, ctx)
             code = exc.code
             return refusal(exc)
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:

@@ -71,6 +71,11 @@ class _Metrics:
         self.gateway = Counter("playrun_gateway_requests_total",
                                "Gateway runtime requests, by action and answer code.",
                                ["action", "code"])
+        self.refusals = Counter("playrun_gateway_refusals_total",
+                                "Requests of a valid token the gateway refused before any "
+                                "action ran, by org (this process names at most "
+                                "PLAYRUN_METRICS_TOP_ORGS, the rest \"other\") and code.",
+                                ["org", "code"])
         self.gateway_seconds = Histogram("playrun_gateway_request_duration_seconds",
                                          "Gateway runtime request latency, by action.",
                                          ["action"], buckets=_GATEWAY_BUCKETS)
@@ -145,18 +150,22 @@ def permit(bucket: str, granted: bool) -> None:
 
 
 _start_orgs: set[str] = set()
+_refusal_orgs: set[str] = set()
+
+
+def _org_label(named: set[str], org: str) -> str:
+    """The first PLAYRUN_METRICS_TOP_ORGS orgs a counter meets are named, the rest "other"."""
+    if org not in named:
+        if len(named) >= get_settings().metrics_top_orgs:
+            return OTHER_ORGS
+        named.add(org)
+    return org
 
 
 def start(org: str) -> None:
     """A start permit granted to one of `org`'s runs."""
-    if (m := _get()) is None:
-        return
-    if org not in _start_orgs:
-        if len(_start_orgs) >= get_settings().metrics_top_orgs:
-            org = OTHER_ORGS
-        else:
-            _start_orgs.add(org)
-    m.starts.labels(org).inc()
+    if (m := _get()) is not None:
+        m.starts.labels(_org_label(_start_orgs, org)).inc()
 
 
 def penalty(bucket: str) -> None:
@@ -188,6 +197,12 @@ def gateway_request(action: str, code: str, seconds: float) -> None:
     if (m := _get()) is not None:
         m.gateway.labels(action, code).inc()
         m.gateway_seconds.labels(action).observe(seconds)
+
+
+def gateway_refusal(org: str, code: str) -> None:
+    """One request of a valid token refused; `code` is one of ours (tasks/errors.py)."""
+    if (m := _get()) is not None:
+        m.refusals.labels(_org_label(_refusal_orgs, org), code).inc()
 
 
 def receipt(outcome: str) -> None:

@@ -126,13 +126,15 @@ def settle(fence: Fence, outcome: Outcome, *, reason: str) -> Settled:
     return settled
 
 
-def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
-    """A terminal pushed by the runner. With a cancel requested nothing is written here:
-    the cancel deletes the sandbox first and then writes `cancelled` (docs/design.md)."""
+def settle_launch(fence: LaunchFence, outcome: Outcome, *,
+                  reason: str = PUSHED_REASON) -> Settled:
+    """A terminal pushed by the runner, or decided by the gateway for it (`reason`). With a
+    cancel requested nothing is written here: the cancel deletes the sandbox first and
+    then writes `cancelled` (docs/design.md)."""
 
     def write(chosen: Outcome) -> Settled:
         def fast(cur: psycopg.Cursor[Any]) -> Settled | None:
-            done = pushed.settle(cur, fence, chosen, PUSHED_REASON)
+            done = pushed.settle(cur, fence, chosen, reason)
             if done is None:
                 return None
             metrics.run_ended(chosen.status, chosen.code, done.created_at,
@@ -147,7 +149,7 @@ def settle_launch(fence: LaunchFence, outcome: Outcome) -> Settled:
                 run, attempt = hold_launch(session, fence, run)
                 if run.cancel_requested_at is not None:
                     return Settled(False, CANCELLED_OUTCOME)
-                return _end(session, run, attempt, chosen, PUSHED_REASON)
+                return _end(session, run, attempt, chosen, reason)
 
         return one_statement_first(fast, general, postgres=get_settings().is_postgres)
 

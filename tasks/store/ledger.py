@@ -51,10 +51,18 @@ def append_budgeted(session: Session, run_id: str, generation: int, kind: EventK
     if _count(session, run_id, generation, kinds, budget) < budget:
         append(session, run_id, kind, data, generation)
         return True
-    if not _count(session, run_id, generation, [EventKind.LEDGER_BUDGET_SPENT], 1):
+    spent(session, run_id, generation, group=group, budget=budget)
+    return False
+
+
+def spent(session: Session, run_id: str, generation: int, *, group: str, budget: int) -> None:
+    """The attempt's one `ledger.budget_spent` row for this group, unless it has it."""
+    if not session.scalar(sa.select(sa.literal(1)).where(
+            RunEvent.run_id == run_id, RunEvent.generation == generation,
+            RunEvent.kind == EventKind.LEDGER_BUDGET_SPENT,
+            RunEvent.data["group"].as_string() == group).limit(1)):
         append(session, run_id, EventKind.LEDGER_BUDGET_SPENT,
                {"group": group, "budget": budget}, generation)
-    return False
 
 
 def bump_reused(session: Session, run_id: str, generation: int, key: str) -> bool:

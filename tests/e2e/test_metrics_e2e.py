@@ -144,6 +144,8 @@ def test_counters_after_a_known_mix_of_runs(stack: dict[str, str]) -> None:
          labels(action="unknown", code="GATEWAY_TOKEN_INVALID")): 1,
         ("playrun_gateway_requests_total",
          labels(action="unknown", code="GATEWAY_UNKNOWN_ACTION")): 1,
+        # A valid token's refusal is counted by its org too (an invalid one names none).
+        ("playrun_gateway_refusals_total", labels(org="x", code="GATEWAY_UNKNOWN_ACTION")): 1,
         ("playrun_gateway_request_duration_seconds_count", labels(action="complete")): 2,
         ("playrun_gateway_request_duration_seconds_count", labels(action="step_claim")): 1,
         ("playrun_gateway_request_duration_seconds_count", labels(action="step_complete")): 1,

@@ -18,6 +18,7 @@ from models import Attempt, EventDelivery, db_now
 from tasks.gateway.actions import events as event_actions
 from tasks.gateway.actions.base import Context
 from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher
 from tasks.host.processes import free_port
 from tasks.security import tokens
@@ -217,7 +218,8 @@ def test_the_gateway_refuses_the_development_secret_on_postgres(pg_url: str) -> 
 def test_past_the_progress_budget_deliveries_are_counted_not_stored(pg_url: str) -> None:
     run = launched()
     context = Context(get_settings().model_copy(update={"progress_max_events": 2}),
-                      BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0))
+                      BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0),
+                      Refusals(3000, 60.0))
     grant = tokens.Grant(run.org_id, run.fence.run_id, run.fence.generation, run.launch_id,
                          frozenset(tokens.PROJECTION_CAPABILITIES), time.time() + 60)
 

@@ -17,6 +17,7 @@ from tasks.execution import runner_client, runner_steps
 from tasks.gateway.actions import steps as step_actions
 from tasks.gateway.actions.base import Context
 from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher
 from tasks.security import tokens
 from tasks.settings import get_settings
@@ -71,7 +72,8 @@ def test_a_claim_flood_writes_one_reused_row_per_key_and_steps_are_budgeted(
                                                     "computed_by": first.fence.run_id})]
     # Past the attempt's step budget the receipts still work; the ledger stops growing.
     context = Context(get_settings().model_copy(update={"step_max_events": 3}),
-                      BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0))
+                      BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0),
+                      Refusals(3000, 60.0))
     grant = tokens.Grant(second.org_id, second.fence.run_id, second.fence.generation,
                          second.launch_id, frozenset(tokens.RUNNER_CAPABILITIES),
                          time.time() + 60)
@@ -214,7 +216,8 @@ def test_the_database_decides_one_claim_among_twenty_racing_handlers(pg_url: str
     """The claim handler itself, 20 threads at once (no HTTP in between to spread them)."""
     org_id = org()
     runs = [launched(org_id) for _ in range(20)]
-    context = Context(get_settings(), BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0))
+    context = Context(get_settings(), BeatBatcher(30.0, 0.0), ReleaseBatcher(lambda *_: None, 0.0),
+                      Refusals(3000, 60.0))
     barrier = threading.Barrier(20)
     answers: dict[int, str] = {}
 

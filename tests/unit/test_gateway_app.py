@@ -1,8 +1,10 @@
 """The runtime API as a runner meets it, in process (starlette's TestClient) on SQLite:
-tokens, capabilities, fences, refusals, idempotent delivery, the release it sends."""
+tokens, capabilities, fences, refusals and their budget, idempotent delivery, the release
+it sends."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,8 +18,10 @@ from starlette.testclient import TestClient
 import tasks
 from models import Attempt, db_now
 from tasks.constants import TASK_RELEASE_ATTEMPTS
+from tasks.gateway import app as gateway_app
 from tasks.gateway.actions import ACTIONS, Action
 from tasks.gateway.app import create_app
+from tasks.gateway.refusals import Refusals
 from tasks.security import tokens
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
@@ -243,3 +247,46 @@ def test_a_database_that_stops_answering_is_503(client: TestClient,
     beat = ACTIONS["heartbeat"]
     monkeypatch.setitem(ACTIONS, "heartbeat", Action(beat.name, beat.capability, beat.model, down))
     refused(call(client, token, {"action": "heartbeat"}), 503, "GATEWAY_UNAVAILABLE")
+
+
+def refused_rows(run_id: str) -> list[dict[str, Any]]:
+    return [e.data for e in tasks.run_events(run_id) if e.kind == "gateway.refused"]
+
+
+def test_refusals_are_gathered_into_rows_and_past_the_budget_fail_the_attempt(
+        sqlite_db: str, sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rows only for a new code and at the end, however slowly this machine runs.
+    monkeypatch.setattr(gateway_app, "Refusals", functools.partial(Refusals, every_s=3600))
+    # A window this long barely drains: the 41st refusal is past the budget.
+    settings = get_settings().model_copy(update={"gateway_abuse_refusals": 40,
+                                                 "gateway_abuse_window_s": 86400})
+    app = create_app(settings, lambda name, args, queue: sent.append((name, args, queue)))
+    hostile, quiet = launched(), launched()
+    with TestClient(app) as client:
+        token = hostile.token()
+        for _ in range(20):
+            refused(call(client, token, None, raw=b"{not json"), 400, "GATEWAY_BAD_REQUEST")
+            refused(call(client, token, {"action": "nope"}), 404, "GATEWAY_UNKNOWN_ACTION")
+        # 40 refusals, two rows: the first of each code; the rest wait for a later row.
+        assert sorted((r["code"], r["count"]) for r in refused_rows(hostile.fence.run_id)) == [
+            ("GATEWAY_BAD_REQUEST", 1), ("GATEWAY_UNKNOWN_ACTION", 1)]
+        assert call(client, quiet.token(), {"action": "heartbeat"}).status_code == 200
+        refused(call(client, token, None, raw=b"{not json"), 403, "GATEWAY_ABUSE")
+        view = tasks.get_run(hostile.fence.run_id)
+        assert (view.status, view.code) == ("failed", "GATEWAY_ABUSE")
+        assert "41 requests" in (view.error or "")
+        # What was pending went in before the terminal: the rows add up to every refusal.
+        assert sorted((r["code"], r["count"]) for r in refused_rows(hostile.fence.run_id)) == [
+            ("GATEWAY_BAD_REQUEST", 1), ("GATEWAY_BAD_REQUEST", 20),
+            ("GATEWAY_UNKNOWN_ACTION", 1), ("GATEWAY_UNKNOWN_ACTION", 19)]
+        eventually(lambda: sent, timeout=10, what="the release task")
+        assert sent[0][0] == TASK_RELEASE_ATTEMPTS
+        assert [h[0] for h in sent[0][1][0]] == [hostile.fence.run_id]
+        for body in ({"action": "heartbeat"}, {"action": "complete", "result": {
+                "status": "succeeded", "output": 1}}):
+            refused(call(client, token, body), 403, "GATEWAY_ABUSE")
+        assert tasks.get_run(hostile.fence.run_id).code == "GATEWAY_ABUSE"
+        # The other attempt was never touched.
+        assert call(client, quiet.token(), {"action": "complete", "result": {
+            "status": "succeeded", "output": 2}}).json()["result"]["won"] is True
+    app.state.releases.close()

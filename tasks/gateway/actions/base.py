@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher
 from tasks.security.tokens import Grant
 from tasks.settings import Settings
@@ -29,6 +30,8 @@ class Context:
     # Releases after a pushed terminal go out together, one task per queue and window (the
     # gateway never deletes a sandbox itself).
     releases: ReleaseBatcher
+    # Each attempt's refused requests: rows still to write before its terminal.
+    refusals: Refusals
 
 
 def launch_of(grant: Grant) -> LaunchFence:

@@ -14,10 +14,11 @@ from typing import Any, Literal
 
 from tasks.constants import RELEASE_QUEUE
 from tasks.errors import FenceLostError
+from tasks.gateway import refusals
 from tasks.gateway.actions.base import ActionRequest, Context, launch_of
 from tasks.security.tokens import Grant
-from tasks.settlement.outcome import from_document
-from tasks.settlement.terminal import settle_launch
+from tasks.settlement.outcome import Outcome, from_document
+from tasks.settlement.terminal import PUSHED_REASON, Settled, settle_launch
 
 
 class Complete(ActionRequest):
@@ -25,11 +26,22 @@ class Complete(ActionRequest):
     result: dict[str, Any]
 
 
+def settle(grant: Grant, outcome: Outcome, ctx: Context, *,
+           reason: str = PUSHED_REASON) -> Settled:
+    """Settle the attempt's run and queue its release if this write won."""
+    flush = ctx.refusals.settling((grant.run_id, grant.generation))
+    if flush is not None:  # before the terminal: after it the fence holds no more
+        refusals.record(grant, flush)
+    settled = settle_launch(launch_of(grant), outcome, reason=reason)
+    if settled.won:
+        ctx.releases.add((grant.run_id, grant.generation, settled.holder_token or ""),
+                         settled.host_queue or RELEASE_QUEUE)
+    return settled
+
+
 def handle(grant: Grant, request: Complete, ctx: Context) -> dict[str, Any]:
-    settled = settle_launch(launch_of(grant), from_document(request.result))
+    settled = settle(grant, from_document(request.result), ctx)
     if not settled.won:  # a terminal or a cancel decided the run: this token is spent
         raise FenceLostError(f"launch {grant.launch_id} no longer holds its attempt")
-    ctx.releases.add((grant.run_id, grant.generation, settled.holder_token or ""),
-                     settled.host_queue or RELEASE_QUEUE)
     outcome = settled.outcome
     return {"won": True, "status": outcome.status, "code": outcome.code}

@@ -11,6 +11,7 @@ import httpx
 import jwt
 import pytest
 import sqlalchemy as sa
+from pydantic import ValidationError
 from starlette.testclient import TestClient
 
 import tasks
@@ -19,7 +20,7 @@ from tasks.constants import TASK_RELEASE_ATTEMPTS
 from tasks.gateway.actions import ACTIONS, Action
 from tasks.gateway.app import create_app
 from tasks.security import tokens
-from tasks.settings import get_settings
+from tasks.settings import Settings, get_settings
 from tasks.store.db import session_scope
 from tests.support.gateway import Launched, launched
 from tests.support.helpers import eventually
@@ -243,3 +244,10 @@ def test_a_database_that_stops_answering_is_503(client: TestClient,
     beat = ACTIONS["heartbeat"]
     monkeypatch.setitem(ACTIONS, "heartbeat", Action(beat.name, beat.capability, beat.model, down))
     refused(call(client, token, {"action": "heartbeat"}), 503, "GATEWAY_UNAVAILABLE")
+
+
+def test_the_gateway_processes_are_the_setting_or_the_cores() -> None:
+    assert Settings(gateway_workers=3).gateway_processes() == 3
+    assert 1 <= Settings(gateway_workers=None).gateway_processes() <= 4
+    with pytest.raises(ValidationError):
+        Settings(gateway_workers=0)

@@ -151,7 +151,7 @@ class Supervisor:
             if not self.announced:
                 log.error("gateway process %d ended before it served (%s); stopping",
                           pid, describe(status))
-                self.failed = os.waitstatus_to_exitcode(status) or 1
+                self.failed = max(os.waitstatus_to_exitcode(status), 1)
                 self.stopping = True
                 continue
             lived = time.monotonic() - child.started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -41,6 +42,10 @@ class Settings(BaseSettings):
         default=_HOME / "gateway" / "gateway.sock",
         description="The gateway's Unix socket; strict sandboxes reach the gateway only "
                     "through it (its directory is bound into each sandbox).")
+    gateway_workers: int | None = Field(
+        default=None, ge=1, le=64,
+        description="Gateway processes serving the same TCP port and Unix socket (`playrun "
+                    "gateway --workers N` wins); unset: one per core, at most 4.")
     gateway_max_body_bytes: int = Field(
         default=4 * 1024 * 1024, gt=0,
         description="Largest request body the gateway reads (a result document is at most "
@@ -342,6 +347,14 @@ class Settings(BaseSettings):
         if (provider or self.sandbox_provider) in ("local", "fake"):
             return self.gateway_url
         return self.gateway_public_url
+
+    def gateway_processes(self) -> int:
+        """How many gateway processes serve: the setting, else the cores (at most 4)."""
+        if self.gateway_workers:
+            return self.gateway_workers
+        # The cores this process may run on (a container's cpuset), not the machine's.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        return min(cores or os.cpu_count() or 1, 4)
 
     def gateway_listen_address(self) -> tuple[str, int]:
         """The host and TCP port the gateway listens on, from `gateway_url`."""

@@ -86,7 +86,10 @@ def dev(fresh: bool = typer.Option(False, help="Start from an empty database."),
 
 
 @app.command()
-def gateway() -> None:
+def gateway(workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, max=64, metavar="N",
+        help="processes serving the same port and socket (default PLAYRUN_GATEWAY_WORKERS, "
+             "else one per core, at most 4)")] = None) -> None:
     """Serve the runtime API for sandboxes (TCP from PLAYRUN_GATEWAY_URL, and a Unix socket)."""
     from tasks.cli.serving import check_free
     from tasks.gateway.serve import serve
@@ -94,7 +97,7 @@ def gateway() -> None:
 
     settings = get_settings()
     check_free(*settings.gateway_listen_address(), "the gateway", "PLAYRUN_GATEWAY_URL")
-    serve(settings)
+    serve(settings, workers)
 
 
 @db_app.command("upgrade")

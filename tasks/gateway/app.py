@@ -53,6 +53,8 @@ MAX_BATCH = 50
 # The runner names the action it sends: its body is bounded by that action's limit before
 # a byte is read. Without it the bound is the largest of the token's actions.
 ACTION_HEADER = "x-playrun-action"
+# Bodies up to this size are parsed on the event loop (a thread hop costs more than them).
+PARSE_ON_LOOP_BYTES = 64 * 1024
 # Status codes for the errors of the one tree that are not gateway errors.
 _STATUS: dict[type[PlayrunError], int] = {
     FenceLostError: 409, SheetWriteIntentInvalidError: 409, SheetWriteVersionMismatchError: 409,
@@ -87,6 +89,14 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise GatewayBodyTooLargeError(f"the body is larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def parse_body(body: bytes, limit: int, max_values: int) -> Any:
+    """A large body is decoded in the thread pool: the loop keeps answering other beats."""
+    if len(body) <= PARSE_ON_LOOP_BYTES:
+        return untrusted.parse(body, max_bytes=limit, max_values=max_values)
+    return await run_in_threadpool(untrusted.parse, body, max_bytes=limit,
+                                   max_values=max_values)
 
 
 def body_limit(request: Request, grant: tokens.Grant,
@@ -198,8 +208,7 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             admitted = attempt
             body = await read_body(request, limit)
             try:
-                doc = untrusted.parse(body, max_bytes=limit,
-                                      max_values=settings.gateway_max_body_values)
+                doc = await parse_body(body, limit, settings.gateway_max_body_values)
             except DocumentInvalidError as exc:
                 raise GatewayBadRequestError(f"the body is not usable: {exc.message}") from None
             planned = plan(doc, grant, len(body), hinted)

@@ -1,10 +1,10 @@
 """The metrics endpoints: one HTTP listener per process kind, never the gateway's own port.
 
 Each process that serves writes its URL to `<PLAYRUN_METRICS_DIR>/<kind>-<pid>.url` once
-it listens (the way to find a port 0 listener), and logs it. A worker switches itself to
-prometheus_client's multiprocess mode: its prefork children write to
-`<PLAYRUN_METRICS_DIR>/worker-<pid>/`, which the worker's main process empties at start,
-serves, and removes at shutdown.
+it listens (the way to find a port 0 listener), and logs it. A worker, and a gateway of
+several processes, switch to prometheus_client's multiprocess mode: the children write to
+`<PLAYRUN_METRICS_DIR>/<kind>-<pid>/`, which the main process empties at start, serves,
+and removes at shutdown.
 """
 
 from __future__ import annotations
@@ -68,17 +68,17 @@ def _remove_stale(root: Path) -> None:
                 entry.unlink(missing_ok=True)
 
 
-def worker_dir(settings: Settings, pid: int) -> Path:
-    return Path(settings.metrics_dir) / f"worker-{pid}"
+def multiprocess_dir(settings: Settings, kind: Kind, pid: int) -> Path:
+    return Path(settings.metrics_dir) / f"{kind}-{pid}"
 
 
-def start_multiprocess(settings: Settings) -> CollectorRegistry:
-    """In the worker's main process, before the pool forks: a fresh directory that the
-    children write to, and the registry that aggregates it."""
+def start_multiprocess(settings: Settings, kind: Kind = "worker") -> CollectorRegistry:
+    """In the main process, before it forks children (a worker's pool, the gateway's
+    processes): a fresh directory that they write to, and the registry that sums it."""
     root = Path(settings.metrics_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     _remove_stale(root)
-    path = worker_dir(settings, os.getpid())
+    path = multiprocess_dir(settings, kind, os.getpid())
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(mode=0o700)
     os.environ[_MULTIPROC_ENV] = str(path)
@@ -98,6 +98,5 @@ def child_exited(pid: int) -> None:
 
 def stop(kind: Kind, settings: Settings) -> None:
     url_file(settings, kind, os.getpid()).unlink(missing_ok=True)
-    if kind == "worker":
-        with contextlib.suppress(OSError):
-            shutil.rmtree(worker_dir(settings, os.getpid()))
+    with contextlib.suppress(OSError):
+        shutil.rmtree(multiprocess_dir(settings, kind, os.getpid()))

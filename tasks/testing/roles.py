@@ -98,14 +98,19 @@ class Cli(Child):
         )
 
 
+def gateway_args(workers: int | None) -> tuple[str, ...]:
+    return ("gateway",) if workers is None else ("gateway", "--workers", str(workers))
+
+
 class Gateway(Cli):
-    """`playrun gateway`, ready once it says so and its /healthz answers 200 on
-    PLAYRUN_GATEWAY_URL (its Unix socket is PLAYRUN_GATEWAY_SOCKET)."""
+    """`playrun gateway [--workers N]`, ready once it says so and its /healthz answers 200
+    on PLAYRUN_GATEWAY_URL (its Unix socket is PLAYRUN_GATEWAY_SOCKET)."""
 
     ready_text = "gateway ready"
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, *, name: str = "gateway") -> None:
-        super().__init__(name, ("gateway",), env, log_path)
+    def __init__(self, env: Mapping[str, str], log_path: Path, *, name: str = "gateway",
+                 workers: int | None = None) -> None:
+        super().__init__(name, gateway_args(workers), env, log_path)
         self.url = self.env["PLAYRUN_GATEWAY_URL"]
 
     def is_ready(self) -> bool:

@@ -106,6 +106,9 @@ class Stack:
             "PLAYRUN_SANDBOX_ROOT": str(self.home / "sandboxes"),
             "PLAYRUN_GATEWAY_URL": f"http://127.0.0.1:{self.gateway_port}",
             "PLAYRUN_GATEWAY_SOCKET": str(self.home / "gateway" / "gateway.sock"),
+            # One gateway process: a stack on one machine serves few sandboxes (settings
+            # may ask for more).
+            "PLAYRUN_GATEWAY_WORKERS": "1",
             # Metrics on free ports: two stacks on one machine never contend for one.
             "PLAYRUN_METRICS_DIR": str(self.home / "metrics"),
             "PLAYRUN_METRICS_WORKER_ADDR": "127.0.0.1:0",

@@ -80,6 +80,12 @@ def test_restart_policies_health_checks_and_loopback_ports(resolved: dict[str, A
         assert services[name]["healthcheck"]["test"], name
 
 
+def test_the_gateway_serves_with_several_processes(resolved: dict[str, Any]) -> None:
+    command = resolved["services"]["gateway"]["command"]
+    assert command[:2] == ["playrun", "gateway"]
+    assert int(command[command.index("--workers") + 1]) >= 2
+
+
 def test_secrets_come_from_the_env_file_only(resolved: dict[str, Any]) -> None:
     raw = COMPOSE.read_text()
     example = dict(line.split("=", 1) for line in EXAMPLE_ENV.read_text().splitlines()

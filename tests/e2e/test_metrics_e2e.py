@@ -62,7 +62,7 @@ def stack(pg_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
     close_open_runs("")
     for key in redis.Redis.from_url(TEST_REDIS_URL).scan_iter(match="playrun:startrate:*"):
         redis.Redis.from_url(TEST_REDIS_URL).delete(key)
-    gateway = Gateway(env)
+    gateway = Gateway(env, workers=2)  # the endpoint sums both processes' counters
     worker = Worker(env, beat=False)
     beat_proc = beat(env)
     try:

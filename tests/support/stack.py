@@ -55,9 +55,9 @@ class Gateway(roles.Gateway):
     ready_timeout = 30.0
     module = "tasks.cli.main"  # run as `python -m module gateway`
 
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__(env, _log("gateway"))
-        self.argv = [roles.PYTHON, "-m", self.module, "gateway"]
+    def __init__(self, env: dict[str, str], *, workers: int | None = None) -> None:
+        super().__init__(env, _log("gateway"), workers=workers)
+        self.argv = [roles.PYTHON, "-m", self.module, *roles.gateway_args(workers)]
         self.cwd = ROOT
         self.start()
 

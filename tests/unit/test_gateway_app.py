@@ -13,6 +13,7 @@ import httpx
 import jwt
 import pytest
 import sqlalchemy as sa
+from pydantic import ValidationError
 from starlette.testclient import TestClient
 
 import tasks
@@ -23,7 +24,7 @@ from tasks.gateway.actions import ACTIONS, Action
 from tasks.gateway.app import create_app
 from tasks.gateway.refusals import Refusals
 from tasks.security import tokens
-from tasks.settings import get_settings
+from tasks.settings import Settings, get_settings
 from tasks.store.db import session_scope
 from tests.support.gateway import Launched, launched
 from tests.support.helpers import eventually
@@ -290,3 +291,10 @@ def test_refusals_are_gathered_into_rows_and_past_the_budget_fail_the_attempt(
         assert call(client, quiet.token(), {"action": "complete", "result": {
             "status": "succeeded", "output": 2}}).json()["result"]["won"] is True
     app.state.releases.close()
+
+
+def test_the_gateway_processes_are_the_setting_or_the_cores() -> None:
+    assert Settings(gateway_workers=3).gateway_processes() == 3
+    assert 1 <= Settings(gateway_workers=None).gateway_processes() <= 4
+    with pytest.raises(ValidationError):
+        Settings(gateway_workers=0)

@@ -212,7 +212,8 @@ class Settings(BaseSettings):
         default=None,
         description="A second, fixed rule every start must also pass; unset: none.")
     start_local_sleep_ms: int = Field(
-        default=1000, ge=0,
+        # Past one interval at 30/min: the next caller holds the next slot, not a deferral.
+        default=2000, ge=0,
         description="Longest in-place wait for a start permit; longer waits defer the "
                     "attempt.")
 

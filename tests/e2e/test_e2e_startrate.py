@@ -146,7 +146,8 @@ def test_throttle_paces_starts_fleet_wide(pg_url: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("PLAYRUN_START_ORDER", "fifo")
     reset_settings()
     policy.set_policy(policy.THROTTLE, for_s=120, starts_per_minute=60)  # one a second
-    w = start_worker(PLAYRUN_START_ORDER="fifo")
+    # Waits past half a second defer: a slot a second apart is never waited for in place.
+    w = start_worker(PLAYRUN_START_ORDER="fifo", PLAYRUN_START_LOCAL_SLEEP_MS="500")
     try:
         handles = [tasks.submit_run(NOOP, input={}, org_id=org()) for _ in range(4)]
         results = [h.wait(timeout=90) for h in handles]

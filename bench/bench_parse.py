@@ -7,13 +7,16 @@ sheet page, and a hostile body of two million tiny values.
 Readers, each timed on the same bytes in the same process (best of --rounds, rounds
 interleaved so noise falls on every reader alike):
   json.loads        the standard library, no checks (the baseline)
-  unbounded         untrusted.parse without a value bound: strict JSON, depth, integer
-                    range, storable text (the reader before the bound)
+  reference         untrusted.parse_reference: the standard library with hooks, then a
+                    storable copy (strict JSON, depth, integer range, storable text); the
+                    answer the reader must give, and the reader where orjson is missing
+  unbounded         untrusted.parse without a value bound: orjson, then one walk that
+                    checks what orjson reads differently; the reference reads what orjson
+                    refuses or the walk doubts
   bounded           untrusted.parse(max_values=PLAYRUN_GATEWAY_MAX_BODY_VALUES): what the
                     gateway runs; a body past the bound is refused before it is decoded
-  orjson, msgspec   where installed: the faster decoders considered for the reader (they
-                    differ from it on NaN, big integers and lone surrogates, so they would
-                    need the same checks after them)
+  orjson, msgspec   where installed: the plain C decoders, no checks (they differ from the
+                    reader on NaN, big integers, lone surrogates and depth)
 Figures: MB/s and values/s (values: brackets, commas and colons, what decoding costs), and
 each reader's time as a ratio of json.loads's. A refused document shows its time to refuse.
 """
@@ -60,6 +63,7 @@ def documents() -> dict[str, bytes]:
 def readers(max_values: int) -> dict[str, Callable[[bytes], Any]]:
     found: dict[str, Callable[[bytes], Any]] = {
         "json.loads": json.loads,
+        "reference": lambda raw: untrusted.parse_reference(raw, max_bytes=LIMIT),
         "unbounded": lambda raw: untrusted.parse(raw, max_bytes=LIMIT),
         "bounded": lambda raw: untrusted.parse(raw, max_bytes=LIMIT, max_values=max_values),
     }

@@ -45,10 +45,6 @@ class Grant:
     capabilities: frozenset[str]
     expires_at: float
 
-    @property
-    def is_projection(self) -> bool:
-        return RUN_LEDGER_PROJECT in self.capabilities
-
 
 def mint(*, org_id: str, run_id: str, generation: int, launch_id: str,
          capabilities: tuple[str, ...], ttl_s: float, secret: str,

@@ -1,10 +1,13 @@
 """The `exited` action as a sandbox's supervisor meets it, in process on SQLite: only the
-exit token sends it, and it asks for the lost-runner inspection at once, only while the
-launch's attempt is open."""
+exit token sends it, it asks for the lost-runner inspection at once, only while the
+launch's attempt is open, and a `complete` racing it keeps first-write-wins."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,14 +17,18 @@ from starlette.testclient import TestClient
 
 import tasks
 from models import Attempt
+from tasks.broker.publish import StubPublisher
 from tasks.constants import QUEUE, TASK_INSPECT_ATTEMPT, TASK_RELEASE_ATTEMPTS
 from tasks.gateway.app import create_app
+from tasks.sandbox.fake_runners import EXIT_FILE
 from tasks.security import tokens
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
+from tasks.worker import jobs
 from tests.support.gateway import launched, refused
 from tests.support.helpers import eventually
-from tests.support.runs import must_claim, supersede
+from tests.support.paths import NOOP
+from tests.support.runs import event_kinds, must_claim, supersede
 
 Sent = list[tuple[str, list[Any], str]]
 EXITED = {"action": "exited", "status": 0, "signal": None, "result_present": False}
@@ -121,3 +128,58 @@ def test_an_exit_reported_with_no_host_queue_goes_to_the_shared_queue(
     run = launched()
     assert call(client, run.token(tokens.EXIT_CAPABILITIES), EXITED).json()["ok"] is True
     assert [queue for _, _, queue in inspections(sent)] == [QUEUE]
+
+
+# --- the report racing the runner's own `complete` ---------------------------------------
+
+RESULT = {"status": "succeeded", "output": {"n": 1}}
+
+
+def ended_runner(published: StubPublisher) -> tuple[str, str, str]:
+    """A launched run whose runner (hosted by the fake provider) left RESULT and exited:
+    (run id, its exit token, its runner token)."""
+    run_id = tasks.submit_run(NOOP, {}, org_id=f"hx-{uuid.uuid4().hex[:8]}").id
+    assert jobs.start_attempt(run_id) == "launched"
+    with session_scope() as s:
+        generation, launch_id, sandbox_id = s.execute(sa.select(
+            Attempt.generation, Attempt.launch_id, Attempt.sandbox_id)
+            .where(Attempt.run_id == run_id)).one()
+    sandbox = Path(get_settings().sandbox_root) / sandbox_id
+    (sandbox / "result.json").write_text(json.dumps(RESULT))
+    (sandbox / EXIT_FILE).write_text(json.dumps({"exit_code": 0}))
+
+    def mint(caps: tuple[str, ...]) -> str:
+        return tokens.mint(org_id=tasks.get_run(run_id).org_id, run_id=run_id,
+                           generation=generation, launch_id=launch_id, capabilities=caps,
+                           ttl_s=60, secret=get_settings().secret_key)
+
+    return run_id, mint(tokens.EXIT_CAPABILITIES), mint(tokens.RUNNER_CAPABILITIES)
+
+
+@pytest.mark.usefixtures("fake_stack")
+def test_a_complete_processed_before_the_inspection_wins_and_the_inspection_does_nothing(
+        client: TestClient, sent: Sent, published: StubPublisher) -> None:
+    run_id, exit_token, runner_token = ended_runner(published)
+    assert call(client, exit_token, EXITED).json()["result"] == {"inspecting": True}
+    (inspection,) = inspections(sent)
+    pushed = call(client, runner_token, {"action": "complete", "result": RESULT})
+    assert pushed.json()["result"]["won"] is True
+    jobs.inspect_attempt(*inspection[1])  # the attempt has ended: nothing to do
+    view = tasks.get_run(run_id)
+    assert (view.status, view.output) == ("succeeded", {"n": 1})
+    found = event_kinds(run_id)
+    assert found.count("run.succeeded") == 1 and "runner.lost" not in found
+
+
+@pytest.mark.usefixtures("fake_stack")
+def test_an_inspection_that_settles_first_settles_the_same_result(
+        client: TestClient, sent: Sent, published: StubPublisher) -> None:
+    run_id, exit_token, runner_token = ended_runner(published)
+    assert call(client, exit_token, EXITED).json()["result"] == {"inspecting": True}
+    (inspection,) = inspections(sent)
+    jobs.inspect_attempt(*inspection[1])  # the result file is what the runner would push
+    refused(call(client, runner_token, {"action": "complete", "result": RESULT}), 409,
+            "FENCE_LOST")
+    view = tasks.get_run(run_id)
+    assert (view.status, view.output) == ("succeeded", {"n": 1})
+    assert event_kinds(run_id).count("run.succeeded") == 1

@@ -28,7 +28,7 @@ HIDDEN = None
 _SHOWN: dict[str, tuple[str | None, ...]] = {
     TASK_START_ATTEMPT: ("run_id", "provider"),
     TASK_RELEASE_ATTEMPT: ("run_id", "generation", HIDDEN),
-    TASK_INSPECT_ATTEMPT: ("run_id", "generation", HIDDEN),
+    TASK_INSPECT_ATTEMPT: ("run_id", "generation", HIDDEN, "reported"),
     TASK_CANCEL_ATTEMPT: ("run_id",),
 }
 _MAX_VALUE_CHARS = 64

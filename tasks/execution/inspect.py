@@ -58,10 +58,11 @@ def outcome_from_sandbox(provider: SandboxProvider, sandbox_id: str,
 
 
 def inspect(provider: SandboxProvider, sandbox_id: str | None, *,
-            past_deadline: bool) -> Inspected:
+            past_deadline: bool, reported: bool = False) -> Inspected:
     """The lost-runner verdict. A result file is final as soon as it exists (the runner
     writes it before it pushes). Past the run's deadline the verdict is final whatever the
-    sandbox says; before it, a runner still running without a result is kept."""
+    sandbox says; before it, a runner still running without a result is kept. `reported`:
+    the sandbox's supervisor reported the exit (else its heartbeats stopped)."""
     if sandbox_id is None:
         return _settle(Outcome.failed(RUNTIME_RUNNER_LOST, "the runner has no sandbox on record"))
     try:
@@ -79,8 +80,8 @@ def inspect(provider: SandboxProvider, sandbox_id: str | None, *,
             RUNTIME_RUNNER_LOST,
             f"the runner passed its deadline; its sandbox is unreadable: {exc}"))
     if outcome.code == RUNTIME_RUNNER_LOST:
-        why = "its heartbeats stopped and it " + (outcome.error or "left no result")\
-            .removeprefix("the runner ")
+        why = ("it " if reported else "its heartbeats stopped and it ") \
+            + (outcome.error or "left no result").removeprefix("the runner ")
         return _settle(Outcome.failed(RUNTIME_RUNNER_LOST, f"the runner was lost: {why}"))
     return _settle(outcome)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -24,7 +25,7 @@ from tasks.constants import RUNNER_FILE
 from tasks.errors import FenceLostError
 from tasks.execution import launch_record
 from tasks.observe import metrics
-from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
+from tasks.sandbox import ExitReport, ExitReporting, ProviderError, SandboxProvider, SandboxRef
 from tasks.sandbox.runtime import host_queue
 from tasks.security import tokens
 from tasks.settings import Settings
@@ -139,10 +140,9 @@ def _mark(session: Session, run: Run, attempt: Attempt, launch_id: str,
     return LaunchMark(launch_id, db_time.timestamp())
 
 
-def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings,
-               issued_at: float | None = None, provider: str | None = None) -> dict[str, str]:
-    """What the runner is told: its scope, its tokens and where the gateway is; never a
-    database or Redis URL. issued_at: the database clock (LaunchMark.db_time)."""
+def _minter(fence: Fence, org_id: str, launch_id: str, settings: Settings,
+            issued_at: float | None) -> Callable[[tuple[str, ...]], str]:
+    """Tokens of this launch, by capabilities. issued_at: the database clock."""
     ttl = settings.run_timeout_s + settings.heartbeat_timeout_s + TOKEN_MARGIN_S
 
     def mint(capabilities: tuple[str, ...]) -> str:
@@ -150,6 +150,14 @@ def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings,
                            launch_id=launch_id, capabilities=capabilities, ttl_s=ttl,
                            secret=settings.secret_key, issued_at=issued_at)
 
+    return mint
+
+
+def runner_env(fence: Fence, org_id: str, launch_id: str, settings: Settings,
+               issued_at: float | None = None, provider: str | None = None) -> dict[str, str]:
+    """What the runner is told: its scope, its tokens and where the gateway is; never a
+    database or Redis URL. issued_at: the database clock (LaunchMark.db_time)."""
+    mint = _minter(fence, org_id, launch_id, settings, issued_at)
     return {
         "PLAYRUN_RUN_ID": fence.run_id,
         "PLAYRUN_GENERATION": str(fence.generation),
@@ -175,14 +183,21 @@ def launch(fence: Fence, provider: SandboxProvider, sandbox: SandboxRef, lease_i
     if mark is None:
         return Launched(Launch.CANCELLED)
     launch_id = mark.launch_id
+    argv = ["{python}", RUNNER_FILE, "--timeout", f"{settings.run_timeout_s:g}"]
+    env = runner_env(fence, org_id, launch_id, settings, mark.db_time, provider.name)
+    timeout_s = settings.run_timeout_s + HARD_KILL_GRACE_S
     try:
-        provider.exec_detached(
-            sandbox_id,
-            ["{python}", RUNNER_FILE, "--timeout", f"{settings.run_timeout_s:g}"],
-            env=runner_env(fence, org_id, launch_id, settings, mark.db_time,
-                           provider.name),
-            timeout_s=settings.run_timeout_s + HARD_KILL_GRACE_S,
-        )
+        if settings.exit_report and isinstance(provider, ExitReporting) \
+                and provider.reports_exit:
+            # The supervisor's own token, outside the runner's env: it can only report the exit.
+            token = _minter(fence, org_id, launch_id, settings, mark.db_time)(
+                tokens.EXIT_CAPABILITIES)
+            report = ExitReport(token, settings.runner_gateway_url(provider.name),
+                                env["PLAYRUN_GATEWAY_SOCKET"])
+            provider.exec_detached(sandbox_id, argv, env=env, timeout_s=timeout_s,
+                                   report=report)
+        else:
+            provider.exec_detached(sandbox_id, argv, env=env, timeout_s=timeout_s)
     except ProviderError as exc:
         step = {"transport": Launch.AMBIGUOUS, "not_found": Launch.VANISHED,
                 "capacity_unavailable": Launch.NO_ROOM}.get(exc.kind, Launch.FAILED)

@@ -9,6 +9,8 @@ from tasks.sandbox import providers
 from tasks.sandbox.base import (
     ERROR_KINDS,
     CapacityUnavailableError,
+    ExitReport,
+    ExitReporting,
     FileRead,
     ProcessStatus,
     ProviderAuthError,
@@ -27,6 +29,8 @@ from tasks.sandbox.local import LocalProvider
 __all__ = [
     "ERROR_KINDS",
     "CapacityUnavailableError",
+    "ExitReport",
+    "ExitReporting",
     "FakeProvider",
     "FakeScript",
     "FileRead",

@@ -132,6 +132,16 @@ class FileRead:
     truncated: bool  # data was cut at max_bytes
 
 
+@dataclass(frozen=True)
+class ExitReport:
+    """How a sandbox's supervisor reports its runner's exit to the gateway: a token that
+    may do only that (never put in the runner's environment), and where the gateway is."""
+
+    token: str
+    url: str
+    socket: str  # the gateway's Unix socket on this host ("" if none)
+
+
 @runtime_checkable
 class SandboxProvider(Protocol):
     name: str
@@ -156,3 +166,21 @@ class SandboxProvider(Protocol):
     def delete(self, sandbox_id: str) -> None: ...
 
     def list(self, labels: Mapping[str, str]) -> builtins.list[SandboxRef]: ...
+
+
+@runtime_checkable
+class ExitReporting(Protocol):
+    """A provider whose sandboxes report the runner's exit at once (the others are noticed
+    by the heartbeat timeout)."""
+
+    reports_exit: bool
+
+    def exec_detached(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        timeout_s: float,
+        report: ExitReport | None = None,
+    ) -> None: ...

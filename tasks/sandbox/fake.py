@@ -19,6 +19,7 @@ from tasks.constants import RESULT_FILE
 from tasks.sandbox.base import (
     ERROR_KINDS,
     CapacityUnavailableError,
+    ExitReport,
     ProcessStatus,
     SandboxNotFoundError,
     SandboxRef,
@@ -160,6 +161,8 @@ class FakeProvider(LocalProvider):
 
     name = "fake"
     id_prefix = "fsb"
+    # Hosted runners have no supervisor to report an exit: the heartbeat timeout notices it.
+    reports_exit = False
 
     def __init__(self, root: Path, *, pid_namespace: bool | None = None) -> None:
         super().__init__(root, pid_namespace=pid_namespace)
@@ -176,6 +179,7 @@ class FakeProvider(LocalProvider):
         *,
         env: Mapping[str, str],
         timeout_s: float,
+        report: ExitReport | None = None,
     ) -> None:
         lose, hosted = self.script.take_launch()
         if hosted:

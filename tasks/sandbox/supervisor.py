@@ -3,12 +3,13 @@
 Standard library only: the local provider copies this file and its siblings (SUPERVISOR_FILES
 in tasks/sandbox/local/records.py) into the sandbox's control directory (outside the sandbox)
 and runs it as ``python -I <control>/supervisor.py <control> <sandbox>``, handing it the exec
-config (argv, env, limits) on stdin, so the env and its token are never written to disk. In
-`process` isolation it runs inside the sandbox's PID namespace (or as a subreaper) on the host
-filesystem; in `strict` isolation it stays on the host and runs the child under bubblewrap, so
-nothing the play does can touch its timer, its records or its console log. A sandbox created
-by one release runs under its own copy. The provider imports the /proc helpers
-(supervisor_proc.py) so process-tree handling lives in one place.
+config (argv, env, limits, and the token of its exit report, supervisor_report.py) on stdin,
+so the env and the tokens are never written to disk. In `process` isolation it runs inside
+the sandbox's PID namespace (or as a subreaper) on the host filesystem; in `strict` isolation
+it stays on the host and runs the child under bubblewrap, so nothing the play does can touch
+its timer, its records or its console log. A sandbox created by one release runs under its
+own copy. The provider imports the /proc helpers (supervisor_proc.py) so process-tree
+handling lives in one place.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ if TYPE_CHECKING or __package__:  # imported by the worker as tasks.sandbox.*
         subtree,
         write_atomic,
     )
+    from tasks.sandbox.supervisor_report import has_result, report_exit
     from tasks.sandbox.supervisor_strict import StrictChild
 else:  # run as a script: `python -I` puts no directory on sys.path, so add its own
     sys.dont_write_bytecode = True  # the control record holds only what the provider wrote
@@ -60,6 +62,7 @@ else:  # run as a script: `python -I` puts no directory on sys.path, so add its 
         subtree,
         write_atomic,
     )
+    from supervisor_report import has_result, report_exit
     from supervisor_strict import StrictChild
 
 CONSOLE_MAX_BYTES = 1024 * 1024
@@ -267,6 +270,9 @@ def supervise(control: Path, sandbox: Path) -> int:
         "finished_at": time.time(),
     }
     write_atomic(control / EXIT_FILE, json.dumps(record).encode())
+    report = config.get("report")
+    if isinstance(report, dict):  # after the record: the inspection it starts finds it
+        report_exit(report, exit_code, has_result(sandbox))
     return 0
 
 

@@ -24,10 +24,16 @@ RUN_LEDGER_PROJECT = "run.ledger.project"
 STEP_WRITE = "step.write"
 SHEET_WRITE = "sheet.write"
 SHEET_READ = "sheet.read"
+RUN_EXIT = "run.exit"
 
 RUNNER_CAPABILITIES = (RUN_HEARTBEAT, RUN_COMPLETE, STEP_WRITE, SHEET_WRITE, SHEET_READ)
 # The narrow token that delivers progress: it can append to the ledger and nothing else.
 PROJECTION_CAPABILITIES = (RUN_LEDGER_PROJECT,)
+# The sandbox supervisor's token: it can report the runner's exit and nothing else (it is
+# never in the play's environment).
+EXIT_CAPABILITIES = (RUN_EXIT,)
+# Each narrow capability comes alone in its token: a token with it can do nothing more.
+_ALONE = (RUN_LEDGER_PROJECT, RUN_EXIT)
 
 
 @dataclass(frozen=True)
@@ -38,10 +44,6 @@ class Grant:
     launch_id: str
     capabilities: frozenset[str]
     expires_at: float
-
-    @property
-    def is_projection(self) -> bool:
-        return RUN_LEDGER_PROJECT in self.capabilities
 
 
 def mint(*, org_id: str, run_id: str, generation: int, launch_id: str,
@@ -77,6 +79,7 @@ def verify(token: str, secret: str) -> Grant:
         raise TokenInvalidError("the capability token lacks its scope") from None
     if not isinstance(caps, list) or not grant.capabilities:
         raise TokenInvalidError("the capability token grants nothing")
-    if grant.is_projection and len(grant.capabilities) != 1:
-        raise TokenInvalidError("a projection token carries only run.ledger.project")
+    for narrow in _ALONE:
+        if narrow in grant.capabilities and len(grant.capabilities) != 1:
+            raise TokenInvalidError(f"a token with {narrow} carries nothing else")
     return grant

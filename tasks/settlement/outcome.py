@@ -72,5 +72,10 @@ def without_result(exit_code: int | None, timed_out: bool) -> Outcome:
     """The runner ended, or vanished, and left no result behind."""
     if timed_out:
         return Outcome.failed(RUN_TIMEOUT, "the play ran past its time limit and was stopped")
-    how = "vanished" if exit_code is None else f"exited with code {exit_code}"
+    if exit_code is None:
+        how = "vanished"
+    elif exit_code < 0:  # a signal, as Python and the supervisor report one
+        how = f"was killed by signal {-exit_code}"
+    else:
+        how = f"exited with code {exit_code}"
     return Outcome.failed(RUNTIME_RUNNER_LOST, f"the runner {how} without a result")

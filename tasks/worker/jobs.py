@@ -163,8 +163,10 @@ def _keep_running(fence: Fence) -> None:
 
 
 @app.task(name=TASK_INSPECT_ATTEMPT, ignore_result=True)
-def inspect_attempt(run_id: str, generation: int, lease_token: str) -> None:
-    """A runner whose heartbeats stopped, on its own host: settle from what it left."""
+def inspect_attempt(run_id: str, generation: int, lease_token: str,
+                    reported: bool = False) -> None:
+    """A runner whose heartbeats stopped, or whose exit its sandbox's supervisor reported
+    (`reported`), on its own host: settle from what it left."""
     found = _quiet_attempt(run_id, generation, lease_token)
     if found is None:
         return  # settled or adopted meanwhile
@@ -172,9 +174,10 @@ def inspect_attempt(run_id: str, generation: int, lease_token: str) -> None:
     fence = Fence(run_id, generation, lease_token)
     try:
         inspected = inspect(provider(sandbox_provider), sandbox_id,
-                            past_deadline=past_deadline)
+                            past_deadline=past_deadline, reported=reported)
         if inspected.verdict == Verdict.KEEP:
-            _keep_running(fence)
+            if not reported:  # an exit reported of a runner still running: heartbeats decide
+                _keep_running(fence)
             return
         if inspected.verdict == Verdict.NEVER_RAN:
             # Its worker died between recording the launch and exec: trying again is safe.

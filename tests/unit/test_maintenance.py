@@ -71,6 +71,29 @@ def test_a_silent_launched_runner_is_inspected_and_lost_when_it_left_nothing(
                               .where(CapacityLease.run_id == run_id))) == ["released"]
 
 
+def test_a_reported_exit_is_inspected_at_once_and_a_running_runner_left_alone(
+        published: StubPublisher) -> None:
+    run_id = started(published)
+    with session_scope() as s:
+        generation, token, lease_before = s.execute(sa.select(
+            Attempt.generation, Attempt.lease_token, Attempt.lease_expires_at)
+            .where(Attempt.run_id == run_id)).one()
+    # Reported while it still runs (a report can only be early or forged): heartbeats decide.
+    jobs.inspect_attempt(run_id, generation, token, True)
+    assert tasks.get_run(run_id).status == "running"
+    assert "runner.unreachable" not in event_kinds(run_id)
+    with session_scope() as s:
+        assert s.scalar(sa.select(Attempt.lease_expires_at)
+                        .where(Attempt.run_id == run_id)) == lease_before
+    # Its process ended without a result, lease still live: settled lost at once.
+    (sandbox_dir(run_id) / EXIT_FILE).write_text(json.dumps({"exit_code": 0}))
+    jobs.inspect_attempt(run_id, generation, token, True)
+    view = tasks.get_run(run_id)
+    assert (view.status, view.code) == ("failed", "RUNTIME_RUNNER_LOST")
+    assert view.error == "the runner was lost: it exited with code 0 without a result"
+    assert "runner.lost" in event_kinds(run_id)
+
+
 def test_a_runner_far_past_its_deadline_is_settled_lost_by_the_reaper(
         published: StubPublisher) -> None:
     run_id = started(published)

@@ -39,10 +39,11 @@ def test_every_code_a_runner_fails_with_is_kept_by_the_host() -> None:
     assert outcome.from_document({"status": "failed", "code": "MADE_UP"}).code == "PLAY_ERROR"
 
 
-def test_the_runner_files_spell_no_code_or_action_of_their_own() -> None:
+def test_the_runner_and_supervisor_files_spell_no_code_or_action_of_their_own() -> None:
     shared = {v for v in vars(protocol).values() if isinstance(v, str)}
-    for path in RUNNER_SOURCES:
-        if path == "protocol.py":
+    sandbox_side = [*RUNNER_SOURCES, *(f"sandbox/{name}" for name in SUPERVISOR_FILES)]
+    for path in sandbox_side:
+        if path.endswith(("protocol.py", protocol.PROTOCOL_FILE)):
             continue
         tree = ast.parse((TASKS / path).read_bytes())
         literals = {
@@ -107,6 +108,7 @@ def test_the_host_uploads_every_file_the_runner_imports_and_nothing_else() -> No
 
 def test_the_supervisors_files_import_only_each_other_and_the_standard_library() -> None:
     assert "supervisor.py" in SUPERVISOR_FILES
+    assert SUPERVISOR_FILES[protocol.PROTOCOL_FILE] == Path(protocol.__file__).read_bytes()
     flat = {name.removesuffix(".py") for name in SUPERVISOR_FILES}
     for name, source in SUPERVISOR_FILES.items():
         outside = sandbox_imports(source) - set(sys.stdlib_module_names)

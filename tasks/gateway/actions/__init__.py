@@ -4,10 +4,11 @@ has a body bound of its own (a beat needs bytes, a result document megabytes).""
 from __future__ import annotations
 
 from tasks import protocol
-from tasks.gateway.actions import complete, events, heartbeat, sheets, steps
+from tasks.gateway.actions import complete, events, exited, heartbeat, sheets, steps
 from tasks.gateway.actions.base import KIB, Action, ActionRequest, Context
 from tasks.security.tokens import (
     RUN_COMPLETE,
+    RUN_EXIT,
     RUN_HEARTBEAT,
     RUN_LEDGER_PROJECT,
     SHEET_READ,
@@ -34,6 +35,7 @@ ACTIONS: dict[str, Action] = {
         Action(protocol.ACTION_SHEET_WRITE, SHEET_WRITE, sheets.SheetWrite, sheets.write,
                4096 * KIB),
         Action(protocol.ACTION_SHEET_READ, SHEET_READ, sheets.SheetRead, sheets.read, 256 * KIB),
+        Action(protocol.ACTION_EXITED, RUN_EXIT, exited.Exited, exited.handle, 4 * KIB),
     )
 }
 

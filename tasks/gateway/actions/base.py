@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.refusals import Refusals
-from tasks.gateway.releases import ReleaseBatcher
+from tasks.gateway.releases import ReleaseBatcher, Send
 from tasks.security.tokens import Grant
 from tasks.settings import Settings
 from tasks.store.fence import LaunchFence
@@ -32,6 +32,11 @@ class Context:
     releases: ReleaseBatcher
     # Each attempt's refused requests: rows still to write before its terminal.
     refusals: Refusals
+
+    @property
+    def send(self) -> Send:
+        """The gateway's task sender, the one its releases go out by."""
+        return self.releases.send
 
 
 def launch_of(grant: Grant) -> LaunchFence:

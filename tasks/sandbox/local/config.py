@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tasks.sandbox.base import ExitReport
+
 PYTHON_PLACEHOLDER = "{python}"
 # "{python}" as argv[0] runs like -I minus -P: no user site, no PYTHON* variables, no .pyc
 # writes into the shared venv; the sandbox dir stays importable for multi-file bundles.
@@ -50,8 +52,10 @@ def exec_config(
     cpu_seconds: Any,
     max_dir_mb: Any,
     strict: dict[str, Any] | None,
+    report: ExitReport | None = None,
 ) -> dict[str, Any]:
-    """The document the supervisor reads (see supervise() in tasks/sandbox/supervisor.py)."""
+    """The document the supervisor reads (see supervise() in tasks/sandbox/supervisor.py);
+    `report`, for the supervisor alone, never reaches the command's environment."""
     return {
         "argv": argv,
         "env": env,
@@ -61,4 +65,6 @@ def exec_config(
         "cpu_seconds": cpu_seconds,
         "max_dir_mb": max_dir_mb,
         "strict": strict,
+        "report": None if report is None else {
+            "token": report.token, "url": report.url, "socket": report.socket},
     }

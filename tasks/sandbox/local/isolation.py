@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tasks.errors import ConfigurationError
-from tasks.sandbox import supervisor as sup
 from tasks.sandbox import supervisor_proc, supervisor_strict
 from tasks.sandbox.base import ProviderError
 from tasks.sandbox.local.config import BASE_ENV, exec_config
 from tasks.sandbox.local.limits import cgroup_base
-from tasks.sandbox.local.records import CONTROL_ROOT, read_json, remove_tree
+from tasks.sandbox.local.records import (
+    CONTROL_ROOT,
+    SUPERVISOR_FILE,
+    SUPERVISOR_FILES,
+    read_json,
+    remove_tree,
+)
 from tasks.sandbox.local.strict import gateway_socket_dir, host_layout, strict_config
 from tasks.settings import Settings, get_settings
 
@@ -74,10 +79,13 @@ def _run_probe(settings: Settings, root: Path) -> str | None:
             dict(BASE_ENV), PROBE_TIMEOUT_S,
             memory_mb=1024, max_file_mb=1, cpu_seconds=None, max_dir_mb=None, strict=strict,
         )
+        for name, source in SUPERVISOR_FILES.items():  # as a sandbox's control record has them
+            (control / name).write_bytes(source)
         console = control / supervisor_proc.CONSOLE_FILE
         with open(console, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-I", sup.__file__, str(control), str(sandbox)],
+                [sys.executable, "-I", str(control / SUPERVISOR_FILE), str(control),
+                 str(sandbox)],
                 stdin=subprocess.PIPE, stdout=out, stderr=out, env=dict(BASE_ENV),
                 cwd=str(control), close_fds=True,
             )

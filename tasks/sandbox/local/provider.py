@@ -25,6 +25,7 @@ from typing import Any, Literal
 from tasks.sandbox import supervisor_proc, supervisor_strict
 from tasks.sandbox.base import (
     CapacityUnavailableError,
+    ExitReport,
     FileRead,
     ProcessStatus,
     ProviderError,
@@ -71,6 +72,7 @@ class LocalProvider:
 
     name = "local"
     id_prefix = "lsb"
+    reports_exit = True  # the supervisor reports the runner's exit (supervisor_report.py)
 
     def __init__(
         self,
@@ -205,14 +207,8 @@ class LocalProvider:
             raise
         return self._ref(sandbox_id, meta)
 
-    def exec_detached(
-        self,
-        sandbox_id: str,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        timeout_s: float,
-    ) -> None:
+    def exec_detached(self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str],
+                      timeout_s: float, report: ExitReport | None = None) -> None:
         control, path = self._existing(sandbox_id)
         if not path.is_dir():
             raise SandboxNotFoundError(f"sandbox {sandbox_id} has no directory")
@@ -246,7 +242,7 @@ class LocalProvider:
             expand_argv(argv, python), child_env, timeout_s,
             memory_mb=meta.get("memory_mb", 1024), max_file_mb=max_file_mb,
             cpu_seconds=meta.get("cpu_seconds"), max_dir_mb=meta.get("max_dir_mb"),
-            strict=strict_part,
+            strict=strict_part, report=report,
         )
         supervisor_path = control / SUPERVISOR_FILE
         cmd = [sys.executable, "-I", str(supervisor_path), str(control), str(path)]

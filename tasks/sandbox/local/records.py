@@ -10,8 +10,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tasks import protocol
 from tasks.sandbox import supervisor as sup
-from tasks.sandbox import supervisor_limits, supervisor_proc, supervisor_strict
+from tasks.sandbox import supervisor_limits, supervisor_proc, supervisor_report, supervisor_strict
 from tasks.sandbox.base import ProcessStatus
 
 CONTROL_ROOT = ".control"  # <root>/.control/<sandbox_id>/: never inside a sandbox
@@ -22,8 +23,8 @@ SUPERVISOR_FILE = "supervisor.py"
 # imports its siblings by these names.
 SUPERVISOR_FILES = {
     Path(str(module.__file__)).name: Path(str(module.__file__)).read_bytes()
-    for module in (sup, supervisor_limits, supervisor_proc, supervisor_strict)
-}
+    for module in (sup, supervisor_limits, supervisor_proc, supervisor_report, supervisor_strict)
+} | {protocol.PROTOCOL_FILE: Path(str(protocol.__file__)).read_bytes()}
 # Files of the control record that read_file shows under ".playrun/" (the token never is).
 VISIBLE_CONTROL_FILES = frozenset({supervisor_proc.CONSOLE_FILE})
 # Half-created or half-deleted directories left by a crash are swept after this long.

@@ -1,9 +1,11 @@
-"""A provider's learned create ceiling: a little under the rate that drew its last 429.
+"""A provider's learned create ceiling: a little under the starts that drew its first 429.
 
 The adaptive rate's additive increase climbs back past a provider's fixed create limit
 seconds after each cut, and every climb costs another 429 and another cooldown. A
 ceiling shared by the fleet (one Redis key beside the bucket's rules) holds the rate
-under the limit it found; it expires, so a raised limit is found again.
+under the limit it found (permits.penalize passes the starts granted in the last
+minute when they are fewer than the bucket's rate); it expires, so a raised limit is
+found again.
 """
 
 from __future__ import annotations

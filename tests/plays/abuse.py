@@ -103,22 +103,34 @@ def run(ctx, input):
         return _hold_connections(up, seconds, int(input.get("connections", 200)))
     if mode == "token":  # hands its token out (an accomplice replays it after the run)
         return {"token": up.token, "prefix": up.gateway.prefix}
-    if mode == "probe":  # the good neighbour: heartbeat round trips on its own connection
-        beat = json.dumps({"action": "heartbeat"}).encode()
+    if mode == "probe":  # the good neighbour: heartbeat round trips on its own connections
+        threads, pause = int(input.get("threads", 1)), float(input.get("pause", 0.05))
         times = []
+        lock = threading.Lock()
         deadline = time.monotonic() + seconds
-        conn = up.gateway._connect()
-        try:
-            while time.monotonic() < deadline:
-                t0 = time.perf_counter()
-                status, _raw, closing = conn.post(up.gateway.prefix + "/v1/runtime", beat,
-                                                  up.token, "heartbeat")
-                times.append(round(time.perf_counter() - t0, 4) if status == 200 else -status)
-                if closing:
-                    conn.close()
-                    conn = up.gateway._connect()
-                time.sleep(0.05)
-        finally:
-            conn.close()
+
+        def beats():
+            beat = json.dumps({"action": "heartbeat"}).encode()
+            conn = up.gateway._connect()
+            try:
+                while time.monotonic() < deadline:
+                    t0 = time.perf_counter()
+                    status, _raw, closing = conn.post(up.gateway.prefix + "/v1/runtime", beat,
+                                                      up.token, "heartbeat")
+                    took = round(time.perf_counter() - t0, 4) if status == 200 else -status
+                    with lock:
+                        times.append(took)
+                    if closing:
+                        conn.close()
+                        conn = up.gateway._connect()
+                    time.sleep(pause)
+            finally:
+                conn.close()
+
+        pool = [threading.Thread(target=beats) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
         return {"beats": times}
     raise ValueError(f"unknown mode {mode!r}")

@@ -114,7 +114,7 @@ def check_neighbours(quiet: Fleet,
     taken, beats = seen or good_runs()
     assert p(taken, 0.95) <= P95_FACTOR * quiet.quiet_p95, (sorted(taken), quiet.quiet_p95)
     # Every beat answered, none near a timeout: the hostile attempt stalls no process. (The
-    # tail still grows on 2 shared cores: 0.3-0.5 s against 0.15 s quiet.)
+    # tail still grows while 20 runs start on 2 shared cores: 0.15-0.47 s against 0.11 s.)
     assert p(beats, 0.99) < BEAT_P99_S, (sorted(beats)[-5:], quiet.quiet_beat_p99)
 
 

@@ -45,7 +45,7 @@ def fleet(tmp_path: Path, providers: str, *, double: dict[str, Any] | None = Non
     if importlib.util.find_spec(REMOTE[CLOUD].sdk) is None:
         pytest.skip(f"the {CLOUD} SDK is not installed")
     with discover()[CLOUD](tmp_path, **(double or {})) as running:
-        env = worker_env(**FAST_RECOVERY, **running.env, **extra)
+        env = worker_env(**{**FAST_RECOVERY, **running.env, **extra})
         env.update({"PLAYRUN_PROVIDERS": providers,
                     "PLAYRUN_GATEWAY_PUBLIC_URL": env["PLAYRUN_GATEWAY_URL"],
                     "PLAYRUN_SANDBOX_ROOT": str(tmp_path / "root")})

@@ -31,6 +31,9 @@ HOLD_MAX_S = 120.0  # a lost answer is held until the client hangs up, at most t
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without TCP_NODELAY, each answer on a
+    # keep-alive connection waits ~40 ms for the client's delayed ACK.
+    disable_nagle_algorithm = True
     server: DaytonaServer
 
     def log_message(self, format: str, *args: Any) -> None:

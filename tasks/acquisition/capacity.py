@@ -202,10 +202,13 @@ def promote(session: Session, fence: Fence, lease_id: str, provider: str,
     raise FenceLostError(f"capacity lease {lease_id} is {state}, not reserved for this attempt")
 
 
+# `~` is outside every org id, so no tenant can share a pool's pseudo-org.
+POOL_PREFIX = "~provider:"
+
+
 def pool_for(provider: str) -> str:
-    """The pseudo-org whose leases count a provider's live sandboxes fleet-wide; `~` is
-    outside every org id, so no tenant can share it."""
-    return f"~provider:{provider}"
+    """The pseudo-org whose leases count a provider's live sandboxes fleet-wide."""
+    return f"{POOL_PREFIX}{provider}"
 
 
 def reserve_pool(session: Session, fence: Fence, provider: str, max_live: int,

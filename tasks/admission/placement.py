@@ -221,6 +221,18 @@ def show() -> dict[str, Any]:
             "fleet_default": get_settings().placement_default}
 
 
+def listing(max_defaults: int) -> tuple[list[Policy], list[tuple[str, str]], int]:
+    """Every policy, at most `max_defaults` org defaults (by org) and how many more there are."""
+    with session_scope(readonly=True) as session:
+        policies = [_policy(r) for r in session.scalars(
+            sa.select(PlacementPolicy).order_by(PlacementPolicy.name))]
+        defaults = [(str(org), str(name)) for org, name in session.execute(
+            sa.select(OrgPlacement.org_id, OrgPlacement.policy)
+            .order_by(OrgPlacement.org_id).limit(max_defaults))]
+        total = int(session.scalar(sa.select(sa.func.count()).select_from(OrgPlacement)) or 0)
+    return policies, defaults, max(0, total - len(defaults))
+
+
 class _Cache:
     """Every policy and org default, read at most every _CACHE_S per process."""
 

@@ -1,4 +1,5 @@
-"""The dashboard's fleet page: start-rate history per bucket, traffic policy, capacity."""
+"""The dashboard's fleet page: start-rate history per bucket, traffic policy, placement,
+capacity."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tasks.acquisition import capacity, policy
 from tasks.acquisition.fairshare import view as fair_view
 from tasks.acquisition.starthistory import Sample, read_history
 from tasks.dashboard.chart import render
+from tasks.dashboard.placement import Placement, placement
 from tasks.settings import Settings
 from tasks.store.db import session_scope
 
@@ -50,6 +52,7 @@ class Fleet:
     default_limit: int
     capacity_mode: str
     start_order: str = "fair"
+    placement: Placement | None = None
 
 
 def _chart(bucket: str, samples: list[Sample]) -> BucketChart:
@@ -71,6 +74,7 @@ def fleet(settings: Settings) -> Fleet:
         current = policy.current(session)
         waiting = fair_view.backlogs(session)
     rows = capacity.show(settings.org_capacity)
+    placed = placement(settings, {r[0]: r[2] + r[3] for r in rows})
     listed = {r[0] for r in rows}
     rows += [(org, settings.org_capacity, 0, 0) for org in waiting if org not in listed]
     # Fullest first: the orgs an operator is asked about; then the longest backlogs.
@@ -81,4 +85,4 @@ def fleet(settings: Settings) -> Fleet:
     return Fleet(charts, error, current,
                  [OrgCapacity(*r, weights[r[0]], waiting.get(r[0], 0)) for r in shown],
                  max(0, len(rows) - MAX_ORGS), settings.org_capacity, settings.capacity_mode,
-                 str(settings.start_order))
+                 str(settings.start_order), placed)

@@ -1,9 +1,9 @@
 """State gauges read at scrape time by beat's endpoint (one beat per fleet: no duplicates).
 
-Each scrape reads the start-rate bucket of the configured provider (one read-only
-script call) and the held capacity leases grouped by org and state (one indexed query,
-bounded by the sum of org limits). A source that does not answer is reported by
-`playrun_state_source_up` = 0 instead of failing the scrape.
+Each scrape reads the start-rate bucket of each provider the fleet serves (one read-only
+script call each), the held capacity leases grouped by org and state (one indexed query,
+bounded by the sum of org limits) and the sandboxes live by provider. A source that does
+not answer is reported by `playrun_state_source_up` = 0 instead of failing the scrape.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from redis import RedisError
 
 from models import CapacityLease, CapacityOrg
-from tasks.acquisition import permits
+from tasks.acquisition import permits, placement_view
 from tasks.acquisition import policy as traffic
 from tasks.acquisition.fairshare import view as fair_view
 from tasks.acquisition.startrate import rules_for
@@ -42,6 +42,7 @@ class StateCollector(Collector):
         waiting: dict[str, int] = {}
         weights: dict[str, int] = {}
         override: float | None = None
+        live: dict[str, int] = {}
         try:
             with session_scope(readonly=True) as session:
                 policy = traffic.current(session)
@@ -53,6 +54,7 @@ class StateCollector(Collector):
                                         self.settings.metrics_top_orgs, metrics.OTHER_ORGS)
                 weights = fair_view.weights(session, [o for o in {*waiting, *limits}
                                                       if o != metrics.OTHER_ORGS])
+                live = placement_view.live_by_provider(session)
         except sa.exc.SQLAlchemyError as exc:
             log.warning("metrics: the database did not answer: %s", exc)
         up.add_metric(["database"], 0.0 if held is None else 1.0)
@@ -70,9 +72,9 @@ class StateCollector(Collector):
                 limit.add_metric([org], float(n))
             yield limit
             yield from _fair(waiting, weights)
+            yield _live(live, self.settings.served)
 
     def _rates(self, override: float | None) -> list[Metric] | None:
-        bucket = self.settings.sandbox_provider
         rate = GaugeMetricFamily("playrun_start_rate_per_second",
                                  "Current start rate of each bucket rule (an operator "
                                  "throttle replaces the adaptive rate).",
@@ -80,19 +82,21 @@ class StateCollector(Collector):
         cooldown = GaugeMetricFamily("playrun_start_rate_cooldown_seconds",
                                      "Seconds left of the rule's pushback cooldown.",
                                      labels=["bucket", "rule"])
-        rules = rules_for(self.settings, bucket, override)
-        try:
-            states = permits.limiter().inspect(bucket, rules)
-        except RedisError as exc:  # inspect degrades by itself; this is the last resort
-            log.warning("metrics: the start-rate bucket did not answer: %s", exc)
-            return None
-        if any(s.degraded for s in states):
-            return None
-        for rule, state in zip(rules, states, strict=True):
-            per_min = state.rate if state.exists else (rule.fixed_per_min or rule.initial_per_min)
-            rate.add_metric([bucket, rule.name], per_min / 60.0)
-            left_us = max(state.cooldown_until_us - state.server_now_us, 0)
-            cooldown.add_metric([bucket, rule.name], left_us / 1e6)
+        for bucket in self.settings.served:  # each provider's own bucket
+            rules = rules_for(self.settings, bucket, override)
+            try:
+                states = permits.limiter().inspect(bucket, rules)
+            except RedisError as exc:  # inspect degrades by itself; this is the last resort
+                log.warning("metrics: the start-rate bucket did not answer: %s", exc)
+                return None
+            if any(s.degraded for s in states):
+                return None
+            for rule, state in zip(rules, states, strict=True):
+                per_min = (state.rate if state.exists
+                           else (rule.fixed_per_min or rule.initial_per_min))
+                rate.add_metric([bucket, rule.name], per_min / 60.0)
+                left_us = max(state.cooldown_until_us - state.server_now_us, 0)
+                cooldown.add_metric([bucket, rule.name], left_us / 1e6)
         return [rate, cooldown]
 
 
@@ -137,4 +141,13 @@ def _capacity(by_org: dict[str, dict[str, int]]) -> Metric:
     for org, states in by_org.items():
         for state, n in states.items():
             gauge.add_metric([org, state], float(n))
+    return gauge
+
+
+def _live(by_provider: dict[str, int], served: tuple[str, ...]) -> Metric:
+    gauge = GaugeMetricFamily("playrun_provider_sandboxes_live",
+                              "Sandboxes recorded live now, by provider (every provider the "
+                              "fleet serves, 0 included).", labels=["provider"])
+    for name in sorted({*served, *by_provider}):
+        gauge.add_metric([name], float(by_provider.get(name, 0)))
     return gauge

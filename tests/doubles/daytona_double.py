@@ -31,6 +31,9 @@ HOLD_MAX_S = 120.0  # a lost answer is held until the client hangs up, at most t
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without TCP_NODELAY, each answer on a
+    # keep-alive connection waits ~40 ms for the client's delayed ACK.
+    disable_nagle_algorithm = True
     server: DaytonaServer
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -125,25 +128,31 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, "Cannot route", "Not Found")
 
     def _create(self, body: dict[str, Any], fleet: Fleet) -> None:
+        name = body.get("name")
+        box: Box | None = None
+        lose = False
         with fleet.lock:
             fleet.requests.append(body)
             now = time.time()
             refused = fleet.admit(now)
             if refused is not None:
-                status, doc, headers = refused
-                self._send(status, doc, headers)
-                return
-            name = body.get("name")
-            if name and fleet.find(name) is not None:
-                self._error(409, f"Sandbox with name {name} already exists", "Conflict")
-                return
-            box = fleet.make(body, now)
-            lose = fleet.lose_next > 0
-            fleet.lose_next -= int(lose)
-        if lose:
+                fleet.refusing += 1
+            elif not (name and fleet.find(name) is not None):
+                box = fleet.make(body, now)
+                lose = fleet.lose_next > 0
+                fleet.lose_next -= int(lose)
+        if refused is not None:
+            # A provider that takes its time to say no (outside the lock: others go on).
+            self.server.stopping.wait(fleet.refusal_latency_s)
+            with fleet.lock:
+                fleet.refusing -= 1
+            self._send(*refused)
+        elif box is None:
+            self._error(409, f"Sandbox with name {name} already exists", "Conflict")
+        elif lose:
             self._hold_until_hangup()
-            return
-        self._send(200, dto(box, base_url=self.server.base_url))
+        else:
+            self._send(200, dto(box, base_url=self.server.base_url))
 
     def _hold_until_hangup(self) -> None:
         """The sandbox is made; its answer never reaches a client that stopped waiting."""
@@ -316,6 +325,23 @@ class DaytonaDouble:
 
     def rejected_429(self) -> int:
         return self.fleet.rejected
+
+    def slow(self, *, create_s: float, refusal_s: float) -> None:
+        """From now on: a made sandbox starts after create_s, a refusal answers after
+        refusal_s."""
+        with self.fleet.lock:
+            self.fleet.create_latency_s = create_s
+            self.fleet.refusal_latency_s = refusal_s
+
+    def creating(self) -> int:
+        """Sandboxes made but not started yet (their create call is still waiting)."""
+        with self.fleet.lock:
+            return sum(1 for box in self.fleet.boxes.values() if box.state() == "creating")
+
+    def refusing(self) -> int:
+        """Refused creates whose answer is still being held."""
+        with self.fleet.lock:
+            return self.fleet.refusing
 
     def sandboxes(self) -> list[str]:
         with self.fleet.lock:

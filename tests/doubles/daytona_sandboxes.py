@@ -105,6 +105,8 @@ class Fleet:
         self.creates_per_min = creates_per_min
         self.max_live = max_live
         self.create_latency_s = create_latency_s
+        self.refusal_latency_s = 0.0  # how long a refused create waits for its answer
+        self.refusing = 0  # refused creates whose answer is still being held
         self.lock = threading.Lock()
         self.boxes: dict[str, Box] = {}
         self.pushbacks: deque[tuple[str, float | None]] = deque()

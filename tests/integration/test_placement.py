@@ -6,39 +6,21 @@ from __future__ import annotations
 import importlib.util
 import random
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 import tasks
 from tasks.admission.placement import Policy, canary_point, order
-from tasks.cli.main import app as cli
 from tasks.constants import KEY_SERVED_PROVIDERS, EventKind
 from tasks.sandbox.providers import REMOTE
 from tasks.store.notify import redis_client
-from tests.doubles.base import Double, discover
 from tests.support.helpers import eventually
 from tests.support.paths import ROOT
-from tests.support.runs import FAST_RECOVERY
+from tests.support.placement import CLOUD, chosen, cli_run, fleet, name, org, set_policy
 from tests.support.stack import Worker, worker_env
 
 HELLO = ROOT / "examples" / "plays" / "hello.py"
-
-
-def org() -> str:
-    return f"place-{uuid.uuid4().hex[:8]}"
-
-
-def name() -> str:
-    return f"p-{uuid.uuid4().hex[:8]}"
-
-
-def cli_run(*args: str) -> Any:
-    return CliRunner().invoke(cli, list(args))
 
 
 def test_a_canary_share_is_kept_over_500_runs_and_never_flips() -> None:
@@ -118,37 +100,6 @@ def test_a_worker_missing_a_provider_credential_exits_with_one_coded_line(
 
 
 # With a cloud double ------------------------------------------------------------------
-
-CLOUD = "daytona"
-
-
-@contextmanager
-def fleet(tmp_path: Path, providers: str, **extra: str) -> Iterator[tuple[Double, Worker]]:
-    if importlib.util.find_spec(REMOTE[CLOUD].sdk) is None:
-        pytest.skip(f"the {CLOUD} SDK is not installed")
-    with discover()[CLOUD](tmp_path) as double:
-        env = worker_env(**FAST_RECOVERY, **double.env, **extra)
-        env.update({"PLAYRUN_PROVIDERS": providers,
-                    "PLAYRUN_GATEWAY_PUBLIC_URL": env["PLAYRUN_GATEWAY_URL"],
-                    "PLAYRUN_SANDBOX_ROOT": str(tmp_path / "root")})
-        w = Worker(env, concurrency=4)
-        try:
-            w.wait_ready()
-            yield double, w
-        finally:
-            w.stop()
-
-
-def chosen(run_id: str) -> list[dict[str, Any]]:
-    return [dict(e.data) for e in tasks.run_events(run_id)
-            if e.kind == EventKind.PLACEMENT_CHOSEN]
-
-
-def set_policy(*args: str) -> str:
-    policy = name()
-    result = cli_run("placement", "set", policy, *args)
-    assert result.exit_code == 0, result.output
-    return policy
 
 
 def test_capacity_refusals_fail_over_within_the_attempt_and_leave_nothing(

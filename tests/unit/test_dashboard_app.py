@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 
 import tasks
 from tasks.acquisition.starthistory import Sample
+from tasks.admission import placement
 from tasks.broker.publish import StubPublisher
 from tasks.dashboard import fleet
 from tasks.dashboard.app import create_app
@@ -129,6 +130,21 @@ def test_the_fleet_page_charts_the_start_history(
     assert f"granted {sum(s.grants for s in samples)} " in page
     assert "rate now 60.0/min" in page
     assert "unavailable" not in page
+
+
+def test_the_fleet_page_lists_placement_policies_and_org_defaults(
+        dashboard: TestClient) -> None:
+    name = f"pl-{uuid.uuid4().hex[:6]}"
+    placement.set_policy(placement.build(name, "local", template="tpl-1", canary="e2b:12.5",
+                                         fallback="daytona,modal"), check_served=False)
+    org = f"dash-{uuid.uuid4().hex[:6]}"
+    placement.set_default(org, name)
+    page = dashboard.get("/fleet", headers=as_(READ)).text
+    assert (f"<tr><td>{name}</td><td>local</td><td>tpl-1</td><td>e2b:12.5</td>"
+            "<td>daytona, modal</td></tr>") in page
+    assert f'<td><a href="/runs?org={org}">{org}</a></td><td>{name}</td>' in page
+    for provider in ("local", "e2b", "daytona", "modal"):  # each named provider has a row
+        assert re.search(rf"<tr><td>{provider}</td><td>[^<]+</td><td>0</td>", page), page
 
 
 def csrf_of(page: httpx.Response) -> str:

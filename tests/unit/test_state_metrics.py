@@ -33,6 +33,7 @@ def test_leases_limits_and_sources_are_shown(fake_stack: FakeScript,
     text = scrape()
     assert f'playrun_capacity_leases{{org="{org}",state="live"}} 2.0' in text
     assert f'playrun_capacity_limit{{org="{org}"}} 3.0' in text
+    assert 'playrun_provider_sandboxes_live{provider="fake"} 2.0' in text
     assert 'playrun_state_source_up{source="database"} 1.0' in text
     assert 'playrun_state_source_up{source="redis"} 0.0' in text
     assert "playrun_start_rate_per_second" not in text  # nothing to show, not zeros

@@ -149,4 +149,7 @@ def test_a_half_canary_over_40_runs_goes_where_the_policy_says(
             assert [p for _g, p in live_events(h.id)] == [provider]
         on_cloud = sum(1 for p, _r in predicted.values() if p == CLOUD)
         assert 0 < on_cloud < 40  # both providers served some (the ids are random)
-        assert double.creates() == on_cloud
+        # One sandbox served each cloud run (its single sandbox.live above); a create whose
+        # answer was lost under load may have made one more, which is deleted, never used.
+        assert double.creates() >= on_cloud
+        eventually(lambda: double.live_count() == 0, timeout=60, what="the cloud sandboxes gone")

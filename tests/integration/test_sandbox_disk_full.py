@@ -74,5 +74,5 @@ def test_a_launch_refused_for_space_is_no_room_not_failed(
     monkeypatch.setattr(launch_mod, "runner_env", lambda *_a, **_k: {})
     ref = SimpleNamespace(sandbox_id="s")
     out = launch_mod.launch(None, Full(), ref, None, "org", SimpleNamespace(  # type: ignore[arg-type]
-        run_timeout_s=30.0))
+        run_timeout_s=30.0, exit_report=False))
     assert (out.step, out.launch_id) == (launch_mod.Launch.NO_ROOM, "l1")

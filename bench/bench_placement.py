@@ -103,21 +103,34 @@ def events(run_id: str) -> list[tuple[str, dict[str, Any], float]]:
 
 # (i) ---------------------------------------------------------------------------------
 
-def one_start(i: int, placement: str | None) -> float:
+STAGES = ("submit -> attempt started", "attempt started -> sandbox requested",
+          "sandbox requested -> sandbox live", "sandbox live -> runner started")
+
+
+def one_start(i: int, placement: str | None) -> tuple[float, list[float]]:
+    """Seconds from submit to the runner's start record, and the stages between."""
     import tasks
 
     t0 = time.time()
     handle = tasks.submit_run(PLAY, input={"i": i}, org_id="bench", placement=placement)
     result = handle.wait(timeout=120)
     assert result.status == "succeeded", result
-    where = [d["provider"] for k, d, _ in events(handle.id) if k == "sandbox.live"]
+    marks = events(handle.id)
+    where = [d["provider"] for k, d, _ in marks if k == "sandbox.live"]
     assert where == [PRIMARY], where
-    return float(result.output["started_at"]) - t0
+    started = float(result.output["started_at"])
+    first = {k: at for k, _d, at in reversed(marks)}
+    points = [t0, *(first[k] for k in ("attempt.started", "sandbox.requested",
+                                       "sandbox.live")), started]
+    return started - t0, [b - a for a, b in zip(points, points[1:], strict=False)]
 
 
 def overhead(env: dict[str, str], log_dir: Path, n: int, rounds: int,
              spacing: float) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"single": [], "placed": []}
+    for kind in ("single", "placed"):
+        for k in range(len(STAGES)):
+            out[f"{kind}:{k}"] = []
     per_batch = max(1, -(-n // rounds))
     with doubles()[PRIMARY](log_dir / "double-overhead") as double:
         name = policy("bench-primary", PRIMARY, fallback=FALLBACK)
@@ -127,9 +140,11 @@ def overhead(env: dict[str, str], log_dir: Path, n: int, rounds: int,
                 with worker(env, [double], providers, log_dir, f"overhead-{kind}-{r}"):
                     for i in range(WARM + per_batch):
                         t0 = time.time()
-                        took = one_start(i, name if kind == "placed" else None)
+                        took, stages = one_start(i, name if kind == "placed" else None)
                         if i >= WARM:
                             out[kind].append(took)
+                            for k, part in enumerate(stages):
+                                out[f"{kind}:{k}"].append(part)
                         time.sleep(max(0.0, spacing - (time.time() - t0)))
             print(f"  round {r + 1}/{rounds}: single p50 {pct(out['single'], 50) * 1000:.0f} ms,"
                   f" placed p50 {pct(out['placed'], 50) * 1000:.0f} ms", flush=True)
@@ -221,13 +236,20 @@ def goodput(env: dict[str, str], log_dir: Path, providers: list[str], rate: floa
 
         t0 = time.monotonic()
         mark: tuple[float, int, int] | None = None
+        submitted: list[str] = []
+        shown = 0.0
         while (now := time.monotonic()) - t0 < warmup + duration:
             if mark is None and now - t0 >= warmup:
                 mark = (now, *accepted())
+            if now - t0 >= shown + 30:
+                shown += 30
+                print(f"  {tag} at {shown:.0f} s: {accepted()[0]} creates, "
+                      f"{len(outstanding)} outstanding", flush=True)
             outstanding = _still_running(outstanding, statuses, session_scope)
             while len(outstanding) < backlog:
-                outstanding.append(tasks.submit_run(NOOP, input={}, org_id="goodput",
-                                                    placement=name).id)
+                run_id = tasks.submit_run(NOOP, input={}, org_id="goodput", placement=name).id
+                outstanding.append(run_id)
+                submitted.append(run_id)
             time.sleep(0.5)
         end = (time.monotonic(), *accepted())
         per_double = {d.name: d.creates() for d in running}
@@ -236,7 +258,23 @@ def goodput(env: dict[str, str], log_dir: Path, providers: list[str], rate: floa
     creates, refused = end[1] - mark[1], end[2] - mark[2]
     return {"per_min": creates / minutes, "creates": creates, "refused": refused,
             **{f"total_{k}": v for k, v in per_double.items()},
-            **{f"runs_{k}": v for k, v in statuses.items()}}
+            **{f"runs_{k}": v for k, v in statuses.items()},
+            **{f"deferred_{k}": v for k, v in deferrals(submitted).items()}}
+
+
+def deferrals(run_ids: list[str]) -> dict[str, int]:
+    """run.deferred events of these runs, by cause."""
+    import sqlalchemy as sa
+
+    from models import RunEvent
+    from tasks.store.db import session_scope
+
+    cause = RunEvent.data["cause"].as_string()
+    with session_scope(readonly=True) as session:
+        return {str(c): int(n) for c, n in session.execute(
+            sa.select(cause, sa.func.count()).where(
+                RunEvent.run_id.in_(run_ids), RunEvent.kind == "run.deferred")
+            .group_by(cause))}
 
 
 # report ------------------------------------------------------------------------------
@@ -257,6 +295,9 @@ def report(args: argparse.Namespace, over: dict[str, list[float]] | None,
         for q in (50, 99):
             print(f"(i) submit -> runner started, p{q:<2} (goal 1.05x)  "
                   f"{ms(s, q)} {ms(p, q)}  {pct(p, q) / pct(s, q):5.2f}x")
+        for k, label in enumerate(STAGES):
+            b, p = over[f"single:{k}"], over[f"placed:{k}"]
+            print(f"      {label:40} p50 {ms(b, 50)} {ms(p, 50)}")
         print("    baseline: one provider (daytona), no policy; placement: daytona + local, "
               "policy daytona, fallback local")
     if fail:
@@ -274,9 +315,10 @@ def report(args: argparse.Namespace, over: dict[str, list[float]] | None,
         for label, r in good.items():
             ended = {k[5:]: int(v) for k, v in r.items() if k.startswith("runs_")}
             totals = {k[6:]: int(v) for k, v in r.items() if k.startswith("total_")}
+            deferred = {k[9:]: int(v) for k, v in r.items() if k.startswith("deferred_")}
             print(f"(iii) creates/min, {label:24}{r['per_min']:8.1f} /min = "
                   f"{r['per_min'] / args.rate:4.2f} R   429s {int(r['refused'])}, "
-                  f"creates per double {totals}, runs ended {ended}")
+                  f"creates per double {totals}, runs ended {ended}, deferred {deferred}")
         if one and two:
             print(f"(iii) two providers / one (goal two >= 1.6 R)  {one['per_min']:8.1f}    "
                   f"{two['per_min']:8.1f}  {two['per_min'] / one['per_min']:5.2f}x")

@@ -26,6 +26,7 @@ from tasks.admission import validate
 from tasks.admission.submit import admit
 from tasks.errors import InputInvalidError, PlayInvalidError, PlayrunError, RunNotFoundError
 from tasks.parse import checks
+from tasks.settings import get_settings
 from tasks.store.db import session_scope
 from tests.support.paths import HELLO, NOOP
 from tests.support.runs import close_open_runs
@@ -191,7 +192,7 @@ def expect(call: Callable[[], Any], ok: bool, codes: set[str]) -> Any:
     return result
 
 
-_USED_KEYS: set[str] = set()  # (org, key) an accepted submit used, across examples
+_USED_KEYS: set[str] = set()  # (database, org, key) an accepted submit used, across examples
 
 
 def check_submit(play: tuple[Any, str | None], value: Any, org: Any, key: Any) -> None:
@@ -200,7 +201,9 @@ def check_submit(play: tuple[Any, str | None], value: Any, org: Any, key: Any) -
     input_ok = valid_input(value)
     ok = args_ok and input_ok and play_code is None
     before = run_count()
-    if ok and key is not None and repr((org, key)) in _USED_KEYS:
+    # Per database: the PostgreSQL and SQLite tests each start with no key used.
+    used = repr((get_settings().database_url, org, key))
+    if ok and key is not None and used in _USED_KEYS:
         # An earlier example used this key: the same input returns its run, another
         # input is a conflict naming it. Either way nothing new is written.
         try:
@@ -212,7 +215,7 @@ def check_submit(play: tuple[Any, str | None], value: Any, org: Any, key: Any) -
     outcome = expect(lambda: tasks.submit_run(play_arg, value, org_id=org, idempotency_key=key),
                      ok, SUBMIT_CODES)
     if ok and key is not None:
-        _USED_KEYS.add(repr((org, key)))
+        _USED_KEYS.add(used)
     if isinstance(outcome, PlayrunError):
         # Arguments and input are checked first, the play file last.
         assert outcome.code == (play_code if args_ok and input_ok else "INPUT_INVALID"), outcome

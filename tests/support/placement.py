@@ -16,17 +16,19 @@ from typer.testing import CliRunner
 
 import tasks
 from tasks.cli.main import app as cli
-from tasks.constants import EventKind
+from tasks.constants import KEY_START_RATE, EventKind
 from tasks.sandbox.providers import REMOTE
+from tasks.store.notify import redis_client
 from tests.doubles.base import Double, discover
-from tests.support.runs import FAST_RECOVERY
+from tests.support.runs import FAST_RECOVERY, close_open_runs
 from tests.support.stack import Worker, worker_env
 
 CLOUD = "daytona"
+ORG_PREFIX = "place-"
 
 
 def org() -> str:
-    return f"place-{uuid.uuid4().hex[:8]}"
+    return f"{ORG_PREFIX}{uuid.uuid4().hex[:8]}"
 
 
 def name() -> str:
@@ -41,7 +43,10 @@ def cli_run(*args: str) -> Any:
 def fleet(tmp_path: Path, providers: str, *, double: dict[str, Any] | None = None,
           concurrency: int = 4, **extra: str) -> Iterator[tuple[Double, Worker]]:
     """The double (built with `double`'s options) and a ready worker serving `providers`;
-    the worker's `env` starts more of the same."""
+    the worker's `env` starts more of the same. Runs of earlier fleets left open are closed
+    first and this fleet's after (a start still queued for a provider would otherwise be
+    taken by the next fleet's worker, and spend its double's refusals), and the start-rate
+    buckets start afresh."""
     if importlib.util.find_spec(REMOTE[CLOUD].sdk) is None:
         pytest.skip(f"the {CLOUD} SDK is not installed")
     with discover()[CLOUD](tmp_path, **(double or {})) as running:
@@ -49,12 +54,25 @@ def fleet(tmp_path: Path, providers: str, *, double: dict[str, Any] | None = Non
         env.update({"PLAYRUN_PROVIDERS": providers,
                     "PLAYRUN_GATEWAY_PUBLIC_URL": env["PLAYRUN_GATEWAY_URL"],
                     "PLAYRUN_SANDBOX_ROOT": str(tmp_path / "root")})
+        close_open_runs(ORG_PREFIX)
+        fresh_buckets(CLOUD, "local")
         w = Worker(env, concurrency=concurrency)
         try:
             w.wait_ready()
             yield running, w
         finally:
             w.stop()
+            close_open_runs(ORG_PREFIX)
+
+
+def fresh_buckets(*providers: str) -> None:
+    """Start-rate buckets (and learned ceilings) as a new fleet finds them: an earlier
+    test's refusals must not pace this one's starts."""
+    client = redis_client()
+    for provider in providers:
+        stale = list(client.scan_iter(match=f"{KEY_START_RATE}{{{provider}}}*"))
+        if stale:
+            client.delete(*stale)
 
 
 def chosen(run_id: str) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import tasks
+import tasks.api
 from models import Outbox, Run, db_now
 from tasks.admission import validate
 from tasks.admission.submit import admit
@@ -78,6 +79,17 @@ def valid_input(value: Any) -> bool:
 # --- strategies ---------------------------------------------------------------------------
 
 DEEP = nested(100_000)  # json.dumps of this raises RecursionError
+
+
+class Deep(list[Any]):
+    """DEEP as hypothesis sees it: it prints a falsifying example with a recursive printer
+    that DEEP itself would overflow, hiding the real failure behind a RecursionError."""
+
+    def __repr__(self) -> str:
+        return "nested(100_000)"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
 HUGE = "x" * (MAX_BYTES + 10)
 odd_text = st.one_of(
     st.text(max_size=40),
@@ -97,7 +109,7 @@ odd_json = st.recursive(
     max_leaves=12,
 )
 odd_object = st.one_of(
-    st.binary(max_size=8), st.just(DEEP), st.just(nested(64)), st.just(nested(65)),
+    st.binary(max_size=8), st.just(Deep(DEEP)), st.just(nested(64)), st.just(nested(65)),
     st.just([HUGE]), st.just({"big": "y" * MAX_BYTES}), st.just([0] * 200_000),
     st.just({1, 2}), st.just(object()), st.just(Path("x")), st.just(b"\x00"),
     st.just(float("nan")), st.just([float("inf")]), st.just({"k": 2**64}),
@@ -201,9 +213,10 @@ def check_submit(play: tuple[Any, str | None], value: Any, org: Any, key: Any) -
     input_ok = valid_input(value)
     ok = args_ok and input_ok and play_code is None
     before = run_count()
-    # Per database: the PostgreSQL and SQLite tests each start with no key used.
-    used = repr((get_settings().database_url, org, key))
-    if ok and key is not None and used in _USED_KEYS:
+    # Per database: the PostgreSQL and SQLite tests each start with no key used. Only
+    # valid (string) names are looked at: repr of a hostile one can overflow the stack.
+    used = f"{get_settings().database_url}\x00{org}\x00{key}" if ok and key is not None else ""
+    if used in _USED_KEYS:
         # An earlier example used this key: the same input returns its run, another
         # input is a conflict naming it. Either way nothing new is written.
         try:
@@ -214,7 +227,7 @@ def check_submit(play: tuple[Any, str | None], value: Any, org: Any, key: Any) -
         return
     outcome = expect(lambda: tasks.submit_run(play_arg, value, org_id=org, idempotency_key=key),
                      ok, SUBMIT_CODES)
-    if ok and key is not None:
+    if used:
         _USED_KEYS.add(used)
     if isinstance(outcome, PlayrunError):
         # Arguments and input are checked first, the play file last.

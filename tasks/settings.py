@@ -156,6 +156,11 @@ class Settings(BaseSettings):
                     "limits; unset: /sys/fs/cgroup/playrun as root on cgroup v2, else none.")
     sandbox_cpus: float = Field(
         default=1.0, gt=0, description="CPUs one sandbox may use (cpu.max with cgroup v2).")
+    sandbox_nice: int = Field(
+        default=10, ge=0, le=19,
+        description="Scheduling niceness of a local sandbox's runner and play (0: as the "
+                    "worker): on a shared host the gateway and workers get the CPU first, so "
+                    "a play that spins cannot slow other tenants' heartbeats.")
     gateway_public_url: str = Field(
         default="",
         description="The gateway URL a sandbox on another network uses (https in "

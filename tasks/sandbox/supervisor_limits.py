@@ -53,6 +53,12 @@ def apply_limits(config: dict[str, Any], timeout_s: float) -> None:
         except (ValueError, OSError) as exc:
             print(f"supervisor: cannot set rlimit {which}: {exc}", file=sys.stderr)
 
+    nice = config.get("nice")
+    if isinstance(nice, int) and 0 < nice <= 19:
+        try:  # before the play starts; without CAP_SYS_NICE it cannot undo it
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError as exc:
+            print(f"supervisor: cannot set niceness: {exc}", file=sys.stderr)
     hard(resource.RLIMIT_CORE, 0)
     hard(resource.RLIMIT_NOFILE, NOFILE_LIMIT)
     hard(resource.RLIMIT_FSIZE, int(config["max_file_mb"]) * 1024 * 1024)

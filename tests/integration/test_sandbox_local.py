@@ -306,3 +306,17 @@ def test_the_gateway_socket_env_is_rewritten_only_in_strict_mode(
     read = provider.read_file(sid, "seen", max_bytes=1000)
     expected = "/run/playrun/gateway.sock" if is_strict(provider) else host_socket
     assert read is not None and read.data.decode() == expected
+
+
+def test_a_play_runs_at_the_configured_niceness_and_cannot_undo_it(
+        provider: LocalProvider) -> None:
+    """The host's gateway and workers come before a play on the CPU (PLAYRUN_SANDBOX_NICE)."""
+    src = ("import os\ndef run(ctx, input):\n    before = os.getpriority(os.PRIO_PROCESS, 0)\n"
+           "    try:\n        os.setpriority(os.PRIO_PROCESS, 0, 0)\n    except OSError:\n"
+           "        pass\n    return [before, os.getpriority(os.PRIO_PROCESS, 0)]\n")
+    _, _, result = run_play(provider, src)
+    assert result["status"] == "succeeded", result
+    before, after = result["output"]
+    assert before == provider.settings.sandbox_nice == 10
+    if os.geteuid() != 0 or is_strict(provider):  # root outside strict mode may renice itself
+        assert after == 10

@@ -53,6 +53,7 @@ def exec_config(
     max_dir_mb: Any,
     strict: dict[str, Any] | None,
     report: ExitReport | None = None,
+    nice: int = 0,
 ) -> dict[str, Any]:
     """The document the supervisor reads (see supervise() in tasks/sandbox/supervisor.py);
     `report`, for the supervisor alone, never reaches the command's environment."""
@@ -65,6 +66,7 @@ def exec_config(
         "cpu_seconds": cpu_seconds,
         "max_dir_mb": max_dir_mb,
         "strict": strict,
+        "nice": int(nice),
         "report": None if report is None else {
             "token": report.token, "url": report.url, "socket": report.socket},
     }

@@ -242,7 +242,7 @@ class LocalProvider:
             expand_argv(argv, python), child_env, timeout_s,
             memory_mb=meta.get("memory_mb", 1024), max_file_mb=max_file_mb,
             cpu_seconds=meta.get("cpu_seconds"), max_dir_mb=meta.get("max_dir_mb"),
-            strict=strict_part, report=report,
+            strict=strict_part, report=report, nice=settings.sandbox_nice,
         )
         supervisor_path = control / SUPERVISOR_FILE
         cmd = [sys.executable, "-I", str(supervisor_path), str(control), str(path)]

@@ -77,10 +77,17 @@ def refusal(exc: PlayrunError) -> JSONResponse:
     return JSONResponse({"code": exc.code, "error": message}, status_code=status)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def declared_size(request: Request, limit: int) -> int:
+    """The body's size as its header declares it (the limit when it declares none), or 413:
+    a body too large is refused before it costs the attempt's budget anything."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise GatewayBodyTooLargeError(f"the body is larger than {limit} bytes")
+    return limit if declared is None else int(declared)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared_size(request, limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -202,9 +209,8 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             grant = tokens.verify(bearer(request), settings.secret_key)
             ctx.refusals.check((grant.run_id, grant.generation))
             limit, hinted = body_limit(request, grant, settings)
-            declared = request.headers.get("content-length", "")
             attempt = (grant.run_id, grant.generation)
-            budgets.admit(attempt, int(declared) if declared.isdigit() else limit)
+            budgets.admit(attempt, declared_size(request, limit))
             admitted = attempt
             body = await read_body(request, limit)
             try:

@@ -12,7 +12,7 @@ from tasks.errors import GatewayRateLimitedError
 from tasks.execution import runner_client
 from tasks.gateway.budgets import Budgets
 from tasks.host.processes import free_port
-from tests.support.gateway import call, launched
+from tests.support.gateway import call, launched, refused
 from tests.support.stack import Gateway, worker_env
 
 
@@ -71,6 +71,18 @@ def test_a_flood_from_one_attempt_is_rate_limited_and_others_are_not(
     assert int(limited[0].headers["retry-after"]) >= 1
     assert limited[0].json()["retry_after_s"] > 0
     assert call(gateway, quiet.token(), {"action": "heartbeat"}).status_code == 200
+
+
+def test_a_body_too_large_is_413_even_past_the_byte_budget(strict_gateway: Gateway) -> None:
+    """A body the gateway would never read is refused for its size, before any budget."""
+    run = launched()
+    token = run.token()
+    big = b" " * (3 * 1024 * 1024)  # under the limit, so each one spends the byte bucket
+    with ThreadPoolExecutor(4) as pool:
+        spent = list(pool.map(lambda _: call(strict_gateway, token, None, raw=big), range(8)))
+    assert any(r.status_code == 429 for r in spent), [r.status_code for r in spent]
+    refused(call(strict_gateway, token, None, raw=b" " * (10 * 1024 * 1024)), 413,
+            "GATEWAY_BODY_TOO_LARGE")
 
 
 def test_the_runner_client_waits_out_the_rate_and_keeps_its_place(

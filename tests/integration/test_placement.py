@@ -145,9 +145,10 @@ def test_a_create_that_timed_out_after_making_the_sandbox_serves_once_and_leaves
         assert len(live) == 1  # exactly one sandbox served the run
         picks = [p["provider"] for p in chosen(handle.id)]
         assert picks[-1] == live[0]
-        # The sandbox the lost answer made is either the one found again by its key or
-        # deleted before the fallback: never a second one left behind.
-        assert double.creates() == 1
+        # The sandbox the lost answer made is found again by its key, or (when the retry
+        # outruns the double's listing) deleted unused: at most one more create, and never a
+        # second sandbox left behind.
+        assert double.creates() in (1, 2)
         # The served sandbox's release follows the run's end, asynchronously.
         eventually(lambda: double.live_count() == 0, what="the served sandbox's release")
 

@@ -45,8 +45,9 @@ def test_a_restarted_worker_resends_the_starts_it_held(pg_url: str) -> None:
     client = redis.Redis.from_url(TEST_REDIS_URL)
     name = f"held{uuid.uuid4().hex[:6]}@test"
     # Only the held-set re-send can bring the run back in time: the sweep waits 10 minutes.
+    # FIFO order: in fair order a deferred start waits in the outbox, never held by a worker.
     env = worker_env(**FAST_RECOVERY, PLAYRUN_OUTBOX_RESEND_AFTER_S="600",
-                     PLAYRUN_DEFERRAL_BASE_MS="6000")
+                     PLAYRUN_DEFERRAL_BASE_MS="6000", PLAYRUN_START_ORDER="fifo")
     first = Worker(env, name=name, beat=True)
     try:
         first.wait_ready()

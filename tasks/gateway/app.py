@@ -86,6 +86,14 @@ def declared_size(request: Request, limit: int) -> int:
     return limit if declared is None else int(declared)
 
 
+def unread_is_large(request: Request) -> bool:
+    """Whether the body left unread may be large: declared so, or of no declared length."""
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return "chunked" in request.headers.get("transfer-encoding", "").lower()
+    return not declared.isdigit() or int(declared) > PARSE_ON_LOOP_BYTES
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     declared_size(request, limit)
     chunks: list[bytes] = []
@@ -205,6 +213,7 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
         admitted: tuple[str, int] | None = None
         grant: tokens.Grant | None = None
         acting = False  # refusals before an action runs are the gateway's own: counted
+        read = False
         try:
             grant = tokens.verify(bearer(request), settings.secret_key)
             ctx.refusals.check((grant.run_id, grant.generation))
@@ -213,6 +222,7 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             budgets.admit(attempt, declared_size(request, limit))
             admitted = attempt
             body = await read_body(request, limit)
+            read = True
             try:
                 doc = await parse_body(body, limit, settings.gateway_max_body_values)
             except DocumentInvalidError as exc:
@@ -228,7 +238,12 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             if grant is not None and not acting and isinstance(exc, GatewayError):
                 exc = await guard.refused(grant, exc, ctx)
             code = exc.code
-            return refusal(exc)
+            response = refusal(exc)
+            if not read and unread_is_large(request):
+                # Closing costs the client a reconnect; draining would cost this process
+                # the whole body it refused (a flood of 4 MiB bodies is mostly that).
+                response.headers["connection"] = "close"
+            return response
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             log.warning("database unavailable: %s", exc)
             code = "GATEWAY_UNAVAILABLE"

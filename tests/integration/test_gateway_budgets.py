@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from tasks.errors import GatewayRateLimitedError
@@ -91,3 +92,15 @@ def test_the_runner_client_waits_out_the_rate_and_keeps_its_place(
     client = runner_client.Gateway(strict_gateway.url, None)
     answers = [client.call(run.token(), {"action": "heartbeat"}) for _ in range(14)]
     assert all(a["cancel"] is False for a in answers)  # none refused, none lost
+
+
+def test_a_large_body_refused_unread_closes_its_connection(strict_gateway: Gateway) -> None:
+    """A refused body is not drained: the connection closes, and small refusals keep theirs."""
+    run = launched()
+    headers = {"Authorization": f"Bearer {run.token()}", "Content-Type": "application/json"}
+    url = strict_gateway.url + "/v1/runtime"
+    with httpx.Client(timeout=30) as client:
+        big = client.post(url, content=b" " * (10 * 1024 * 1024), headers=headers)
+        assert big.status_code == 413 and big.headers.get("connection") == "close"
+        small = client.post(url, content=b"{not json", headers=headers)
+        assert small.status_code == 400 and small.headers.get("connection") != "close"

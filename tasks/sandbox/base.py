@@ -134,8 +134,9 @@ class FileRead:
 
 @dataclass(frozen=True)
 class ExitReport:
-    """How a sandbox's supervisor reports its runner's exit to the gateway: a token that
-    may do only that (never put in the runner's environment), and where the gateway is."""
+    """How a sandbox's supervisor (a cloud sandbox's boot script) reports its runner's exit
+    to the gateway: a token that may do only that (never put in the runner's environment),
+    and where the gateway is."""
 
     token: str
     url: str

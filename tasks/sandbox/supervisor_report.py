@@ -1,11 +1,13 @@
 """The supervisor's exit report: the gateway hears at once that the runner's process ended.
 
 Standard library only: copied beside supervisor.py into each control record, with the
-protocol as playrun_protocol.py. The exec config's `report` carries a token that may do
-nothing but report this launch's exit; it is never in the command's environment. The
-report goes after the exit record is written, so the inspection it starts finds the runner
-ended. It is bounded (a gateway down or slow costs a few seconds, then it is given up:
-the heartbeat timeout still notices the exit) and it never raises.
+protocol as playrun_protocol.py; a cloud sandbox gets it at create as playrun_report.py,
+for its boot script (tasks/sandbox/providers/bootstrap.py). The exec config's `report`
+carries a token that may do nothing but report this launch's exit; it is never in the
+command's environment. The report goes after the exit record is written, so the inspection
+it starts finds the runner ended. It is bounded (a gateway down or slow costs a few
+seconds, then it is given up: the heartbeat timeout still notices the exit) and it never
+raises.
 """
 
 from __future__ import annotations

@@ -9,43 +9,34 @@ before the play even starts): a bound on the time from the exit to the terminal.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 import tasks
-from tasks.host.processes import free_port
 from tasks.sandbox.local import probe_strict
 from tasks.settings import get_settings
-from tests.support.env import GATEWAY_DIR, SANDBOX_ROOT
+from tests.support.env import SANDBOX_ROOT
+from tests.support.hard_exit import (
+    BOUND_S,
+    HARD_EXIT,
+    HEARTBEAT_TIMEOUT_S,
+    org,
+    own_gateway,
+    settle_s,
+)
 from tests.support.helpers import eventually, kinds
 from tests.support.paths import PLAYS
-from tests.support.runs import FAST_STARTS
-from tests.support.stack import Gateway, Worker, worker_env
+from tests.support.runs import TERMINAL_EVENTS
+from tests.support.stack import Worker
 
 pytestmark = pytest.mark.slow
-HARD_EXIT = PLAYS / "hard_exit.py"
-# Far above the bound: a run settled within it was not settled by the heartbeat timeout.
-HEARTBEAT_TIMEOUT_S = 60
-BOUND_S = 5.0
-TERMINAL = ("run.succeeded", "run.failed", "run.cancelled")
-
-
-def org() -> str:
-    return f"hx-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")
 def stack_env(pg_url: str) -> Iterator[dict[str, str]]:
-    """A gateway of this module's own: the session's has a short heartbeat timeout."""
-    port = free_port()
-    env = worker_env(PLAYRUN_GATEWAY_URL=f"http://127.0.0.1:{port}",
-                     PLAYRUN_GATEWAY_SOCKET=str(GATEWAY_DIR / f"hx{port}" / "gateway.sock"),
-                     PLAYRUN_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S), **FAST_STARTS)
-    gateway = Gateway(env)
-    yield env
-    gateway.stop()
+    with own_gateway() as gateway:
+        yield gateway.env
 
 
 @pytest.fixture(scope="module", params=["process", "strict"])
@@ -59,14 +50,6 @@ def isolation(request: pytest.FixtureRequest, stack_env: dict[str, str]) -> Iter
     assert f"sandbox isolation: {mode}" in worker.output()
     yield mode
     worker.stop()
-
-
-def settle_s(run_id: str) -> float:
-    """Seconds from the sandbox going live (before the play started) to the terminal."""
-    events = tasks.run_events(run_id)
-    live = next(e.at for e in events if e.kind == "sandbox.live")
-    end = next(e.at for e in events if e.kind in TERMINAL)
-    return (end - live).total_seconds()
 
 
 @pytest.mark.parametrize(("how", "code", "says"), [
@@ -103,6 +86,6 @@ def test_a_play_that_raises_is_play_error_and_its_exit_report_changes_nothing(
     eventually(lambda: "sandbox.deleted" in kinds(handle.id), what="the sandbox deleted")
     seen = kinds(handle.id)
     assert "runner.lost" not in seen
-    assert sum(kind in TERMINAL for kind in seen) == 1
+    assert sum(kind in TERMINAL_EVENTS for kind in seen) == 1
     view = tasks.get_run(handle.id)
     assert (view.status, view.code) == ("failed", "PLAY_ERROR")

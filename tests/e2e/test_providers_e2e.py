@@ -3,7 +3,6 @@ provider's real SDK in the worker, the double answering as the provider would.""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import uuid
@@ -22,29 +21,13 @@ from tasks.constants import (
     EventKind,
 )
 from tasks.sandbox import SandboxSpec
-from tasks.sandbox.providers import REMOTE
-from tests.doubles.base import Double, discover
+from tests.doubles.base import Double
+from tests.support.cloud import CLOUD, cloud, stack_env
 from tests.support.helpers import eventually
 from tests.support.paths import PLAYS, ROOT
-from tests.support.runs import FAST_RECOVERY
-from tests.support.stack import Worker, worker_env
+from tests.support.stack import Worker
 
 pytestmark = pytest.mark.slow
-
-CLOUD = {name: running for name, running in discover().items() if name in REMOTE}
-
-
-def cloud(name: str) -> None:
-    if importlib.util.find_spec(REMOTE[name].sdk) is None:
-        pytest.skip(f"the {name} SDK is not installed (pip install 'playrun[{name}]')")
-
-
-def stack_env(double: Double, root: Path, **extra: str) -> dict[str, str]:
-    env = worker_env(**FAST_RECOVERY, **double.env, **extra)
-    env.update({"PLAYRUN_SANDBOX_PROVIDER": double.name,
-                "PLAYRUN_GATEWAY_PUBLIC_URL": env["PLAYRUN_GATEWAY_URL"],
-                "PLAYRUN_SANDBOX_ROOT": str(root)})
-    return env
 
 
 @pytest.fixture(params=sorted(CLOUD))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,8 @@ import pytest
 
 from tasks.sandbox import (
     CapacityUnavailableError,
+    ExitReport,
+    ExitReporting,
     ProcessStatus,
     ProviderAuthError,
     ProviderError,
@@ -23,6 +27,8 @@ from tasks.sandbox import (
 )
 from tasks.sandbox.providers import REMOTE
 from tests.doubles.base import Double, discover
+from tests.support.exit_gateway import PROBE, StubGateway
+from tests.support.helpers import eventually
 
 DOUBLES = discover()
 
@@ -180,3 +186,32 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_key(
     assert [r.sandbox_id for r in provider.list({"playrun.run": "lost"})] == [ref.sandbox_id]
     provider.delete(ref.sandbox_id)
     assert double.live_count() == 0
+
+
+def test_the_runner_s_exit_is_reported_with_a_token_it_never_sees(
+        provider: SandboxProvider, tmp_path: Path) -> None:
+    assert isinstance(provider, ExitReporting) and provider.reports_exit
+    gateway = StubGateway()
+    token = "exit-" + secrets.token_hex(16)
+    try:
+        ref = provider.create(spec())
+        provider.exec_detached(ref.sandbox_id, ["{python}", "-c", PROBE],
+                               env={"PLAYRUN_TOKEN": "runner-token"}, timeout_s=60,
+                               report=ExitReport(token, gateway.url, ""))
+        eventually(lambda: gateway.requests, what="the exit report")
+        headers, body = gateway.requests[0]
+        assert headers["authorization"] == f"Bearer {token}"
+        assert json.loads(body) == {"action": "exited", "status": 5, "signal": None,
+                                    "result_present": True}
+        assert settle(provider, ref.sandbox_id) == ProcessStatus("exited", 5, False)
+        seen = provider.read_file(ref.sandbox_id, "seen.txt", max_bytes=32 << 20)
+        assert seen is not None and not seen.truncated
+        assert b"runner-token" in seen.data  # the probe did read its environment
+        assert token.encode() not in seen.data
+        for path in tmp_path.rglob("*"):  # every double keeps its sandboxes under tmp_path
+            if path.is_file() and not path.is_symlink():
+                assert token.encode() not in path.read_bytes(), path
+        assert len(gateway.requests) == 1
+        provider.delete(ref.sandbox_id)
+    finally:
+        gateway.close()

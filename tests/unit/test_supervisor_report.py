@@ -19,68 +19,8 @@ from tasks.sandbox import ExitReport, LocalProvider, ProcessStatus, SandboxSpec
 from tasks.sandbox import supervisor_report as report_mod
 from tasks.sandbox.local.processes import reap_children
 from tasks.sandbox.local.records import top_alive
+from tests.support.exit_gateway import PROBE, StubGateway
 from tests.support.local_sandbox import provider, wait_exit, wait_for  # noqa: F401
-
-# What a play could learn: its environment, and every environ and command line in /proc.
-PROBE = """
-import json, os
-seen = []
-for pid in os.listdir('/proc'):
-    for name in ('environ', 'cmdline'):
-        try:
-            seen.append(open(f'/proc/{pid}/{name}', 'rb').read().decode('latin-1'))
-        except OSError:
-            pass
-open('seen.json', 'w').write(json.dumps({'env': dict(os.environ), 'proc': seen}))
-open('result.json', 'w').write('{"status": "succeeded"')
-os._exit(5)
-"""
-
-
-class StubGateway:
-    """HTTP on a Unix socket: records each request, answers `status` (None: never)."""
-
-    def __init__(self, path: Path, status: int | None = 200) -> None:
-        self.path, self.status = path, status
-        self.requests: list[tuple[dict[str, str], bytes]] = []
-        self.stopped = threading.Event()
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, body = data.partition(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")[1:]
-            headers = {k.strip().lower(): v.strip() for k, _, v in
-                       (line.partition(":") for line in lines)}
-            while len(body) < int(headers.get("content-length", "0")):
-                body += conn.recv(4096)
-            self.requests.append((headers, body))
-            if self.status is None:
-                self.stopped.wait(30)  # holds the connection open, answering nothing
-                return
-            conn.sendall(f"HTTP/1.1 {self.status} X\r\nContent-Length: 2\r\n"
-                         "Connection: close\r\n\r\n{}".encode())
-
-    def close(self) -> None:
-        self.stopped.set()
-        self.sock.close()
 
 
 @pytest.fixture
@@ -111,7 +51,7 @@ def test_the_exit_is_reported_with_a_token_the_command_never_sees(
     assert headers["x-playrun-action"] == "exited"
     assert json.loads(body) == {"action": "exited", "status": 5, "signal": None,
                                 "result_present": True}
-    seen = provider.read_file(sid, "seen.json", max_bytes=8 << 20)
+    seen = provider.read_file(sid, "seen.txt", max_bytes=32 << 20)
     assert seen is not None and b"runner-token" in seen.data  # the probe did read its env
     assert token.encode() not in seen.data
     for base in (provider.root, provider.control_root):

@@ -1,4 +1,5 @@
-"""`exited`: a sandbox's supervisor says that the runner's process ended.
+"""`exited`: a sandbox's supervisor (a cloud sandbox's boot script) says that the runner's
+process ended.
 
 Only the supervisor's own token sends it (run.exit and nothing else, scoped to one launch;
 the play never sees it). After the runner's `complete` it changes nothing. Before, the

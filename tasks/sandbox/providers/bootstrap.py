@@ -2,7 +2,10 @@
 
 A remote sandbox has no supervisor of ours, so the runner is started by a small
 standard-library script (playrun_boot.py) that records its start and its end in files
-under the workdir; any worker can read them later through the provider's API.
+under the workdir; any worker can read them later through the provider's API. With an
+ExitReport it also tells the gateway of the runner's exit at once, through the local
+supervisor's own report module (supervisor_report.py, uploaded as playrun_report.py with
+the protocol beside it).
 """
 
 from __future__ import annotations
@@ -12,11 +15,18 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from importlib import resources
+from typing import Any
 
-from tasks.sandbox.base import ProcessStatus, ProviderError, SandboxSpec
+from tasks import protocol
+from tasks.sandbox.base import ExitReport, ProcessStatus, ProviderError, SandboxSpec
 
 WORKDIR = "/tmp/playrun"
 BOOT_FILE = "playrun_boot.py"
+# The exit report's sender in the sandbox (playrun_boot.REPORT_MODULE imports it).
+REPORT_FILE = "playrun_report.py"
+# Where the exit report's config rides in the env file or the launch file: the boot script
+# takes it out before it builds the runner's environment (playrun_boot.REPORT_KEY).
+REPORT_KEY = "playrun.exit_report"
 STATE_DIR = ".playrun"
 STARTED_FILE = f"{STATE_DIR}/started.json"
 EXITED_FILE = f"{STATE_DIR}/exited.json"
@@ -34,9 +44,20 @@ def boot_source() -> bytes:
     return resources.files("tasks.sandbox.providers").joinpath(BOOT_FILE).read_bytes()
 
 
+@functools.cache
+def boot_files() -> dict[str, bytes]:
+    """The boot script and what it imports to report the exit, by their names in the sandbox."""
+    return {
+        BOOT_FILE: boot_source(),
+        REPORT_FILE: resources.files("tasks.sandbox").joinpath("supervisor_report.py")
+        .read_bytes(),
+        protocol.PROTOCOL_FILE: resources.files("tasks").joinpath("protocol.py").read_bytes(),
+    }
+
+
 def files_for(spec: SandboxSpec) -> dict[str, bytes]:
-    """The spec's files and the boot script: everything a remote sandbox gets at create."""
-    return {**spec.files, BOOT_FILE: boot_source()}
+    """The spec's files and the boot script's: everything a remote sandbox gets at create."""
+    return {**spec.files, **boot_files()}
 
 
 def expand(argv: Sequence[str]) -> list[str]:
@@ -63,13 +84,22 @@ def run_argv(workdir: str, *, timeout_s: float) -> list[str]:
             "--timeout", _timeout(timeout_s)]
 
 
-def launch_json(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> bytes:
+def _report(report: ExitReport | None) -> dict[str, Any]:
+    """The exit report's config for the boot script: the token and the gateway's URL (a
+    remote sandbox never has the gateway's Unix socket)."""
+    if report is None:
+        return {}
+    return {REPORT_KEY: {"token": report.token, "url": report.url}}
+
+
+def launch_json(argv: Sequence[str], env: Mapping[str, str], timeout_s: float,
+                report: ExitReport | None = None) -> bytes:
     return json.dumps({"argv": expand(argv), "env": dict(env),
-                       "timeout_s": max(timeout_s, 1.0)}).encode()
+                       "timeout_s": max(timeout_s, 1.0), **_report(report)}).encode()
 
 
-def env_json(env: Mapping[str, str]) -> bytes:
-    return json.dumps(dict(env)).encode()
+def env_json(env: Mapping[str, str], report: ExitReport | None = None) -> bytes:
+    return json.dumps({**env, **_report(report)}).encode()
 
 
 def status_command(workdir: str) -> str:

@@ -7,15 +7,21 @@
 The keeper process writes .playrun/started.json, runs ARGV in its own process group,
 kills the group at the timeout and writes .playrun/exited.json: a worker on another
 machine reads these through the provider's file or exec API to judge a quiet runner.
+Given an exit report (REPORT_KEY in the env file or the launch file: a token that can only
+report this launch's exit, and the gateway's URL), the keeper then POSTs `exited` to the
+gateway with playrun_report.py, uploaded beside it; the runner's environment never has it.
 """
 
 import contextlib
+import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 STATE = ".playrun"
@@ -25,6 +31,10 @@ LAUNCH = os.path.join(STATE, "launch.json")
 LOG = os.path.join(STATE, "runner.log")
 KILL_GRACE_S = 5.0
 MARK = "playrun_boot"
+# The exit report's config, taken out of the env file or launch file before the runner's
+# environment is built (not a variable name, so no env var can collide with it).
+REPORT_KEY = "playrun.exit_report"
+REPORT_MODULE = "playrun_report"  # tasks/sandbox/supervisor_report.py, uploaded at create
 
 
 def _write(path: str, doc: dict[str, Any]) -> None:
@@ -45,15 +55,50 @@ def _read(path: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _env_from(path: str) -> dict[str, str]:
+def _env_from(path: str) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The runner's environment and the exit report's config, from the env file."""
     doc = _read(path) or {}
     with contextlib.suppress(OSError):
         os.unlink(path)  # holds tokens: the play must not find them on disk
-    return {str(k): str(v) for k, v in doc.items()}
+    report = _take_report(doc)
+    return {str(k): str(v) for k, v in doc.items()}, report
 
 
-def keep(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
-    """Run argv to its end or the timeout; record both ends. Returns the exit code."""
+def _take_report(doc: dict[str, Any]) -> dict[str, Any] | None:
+    report = doc.pop(REPORT_KEY, None)
+    return report if isinstance(report, dict) else None
+
+
+Reporter = Callable[[int], None]
+
+
+def _reporter(report: dict[str, Any] | None) -> Reporter | None:
+    """What sends the exit report, imported now: once the play runs it may rewrite the
+    workdir. None without a report, or without its module (the heartbeat timeout remains)."""
+    if report is None:
+        return None
+    sys.dont_write_bytecode = True  # no __pycache__ in the play's workdir
+    try:
+        module = importlib.import_module(REPORT_MODULE)
+    except (ImportError, SyntaxError) as exc:
+        print(f"playrun_boot: no exit report ({exc})", file=sys.stderr, flush=True)
+        return None
+    workdir = Path.cwd()
+
+    def send(code: int) -> None:
+        try:
+            module.report_exit(report, code, module.has_result(workdir))
+        except Exception as exc:  # noqa: BLE001 - the exit is on record; heartbeats remain
+            print(f"playrun_boot: the exit report failed: {exc!r:.200}", file=sys.stderr,
+                  flush=True)
+
+    return send
+
+
+def keep(argv: list[str], env: dict[str, str], timeout_s: float,
+         report: Reporter | None = None) -> int:
+    """Run argv to its end or the timeout; record both ends, then report the exit.
+    Returns the exit code."""
     os.makedirs(STATE, exist_ok=True)
     with open(LOG, "ab") as log:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -71,6 +116,8 @@ def keep(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
             _kill_group(proc.pid, signal.SIGKILL)
             code = proc.wait()
     _write(EXITED, {"exit_code": code, "timed_out": timed_out, "at": time.time()})
+    if report is not None:  # after the record: the inspection it starts finds the exit
+        report(code)
     return code
 
 
@@ -81,20 +128,28 @@ def _kill_group(pid: int, sig: int) -> None:
 
 def start(timeout_s: float, env_file: str | None, argv: list[str]) -> int:
     env = dict(os.environ)
+    report = None
     if env_file:
-        env.update(_env_from(env_file))
+        from_file, report = _env_from(env_file)
+        env.update(from_file)
     os.makedirs(STATE, exist_ok=True)
     for stale in (STARTED, EXITED):
         if os.path.exists(stale):
             return 3  # a runner was started here already: never a second one
+    reporter = _reporter(report)
     if os.fork() == 0:
         os.setsid()  # outlives the exec call that started it
         if os.fork() == 0:
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
+            # The keeper's own complaints (an undelivered report) go to the runner's log.
+            with contextlib.suppress(OSError):
+                log = os.open(LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+                os.dup2(log, 2)
+                os.close(log)
             try:
-                keep(argv, env, timeout_s)
+                keep(argv, env, timeout_s, reporter)
             finally:
                 os._exit(0)
         os._exit(0)
@@ -113,11 +168,12 @@ def run(timeout_s: float) -> int:
             break
         time.sleep(0.01)
     with contextlib.suppress(OSError):
-        os.unlink(LAUNCH)
+        os.unlink(LAUNCH)  # holds tokens: the play must not find them on disk
+    reporter = _reporter(_take_report(doc))
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (doc.get("env") or {}).items()})
     argv = [str(a) for a in doc.get("argv") or []]
-    return keep(argv, env, float(doc.get("timeout_s") or timeout_s))
+    return keep(argv, env, float(doc.get("timeout_s") or timeout_s), reporter)
 
 
 def _alive(pid: int) -> bool:

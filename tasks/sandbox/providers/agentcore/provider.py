@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from tasks.sandbox.base import (
+    ExitReport,
     FileRead,
     ProcessStatus,
     ProviderError,
@@ -53,6 +54,7 @@ class AgentCoreProvider:
     # AWS publishes no start-session rate quota for Code Interpreter (Service Quotas lists
     # none as of boto3 1.44): the start rate learns from the 429s alone.
     create_rate_per_min: float | None = None
+    reports_exit = True  # the boot script reports the runner's exit (playrun_boot.py)
 
     def __init__(self, root: Path, *, settings: Settings | None = None) -> None:
         self.root = Path(root)
@@ -127,7 +129,8 @@ class AgentCoreProvider:
     # --- the runner --------------------------------------------------------------------
 
     def exec_detached(
-        self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float
+        self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float,
+        report: ExitReport | None = None,
     ) -> None:
         if not argv or timeout_s <= 0:
             raise ProviderError("exec_detached needs an argv and a positive timeout")
@@ -135,7 +138,7 @@ class AgentCoreProvider:
         # A tool call cannot pass env: it goes in a file the boot script reads, then deletes.
         self._write(
             sandbox_id,
-            {bootstrap.ENV_FILE: bootstrap.env_json(env)},
+            {bootstrap.ENV_FILE: bootstrap.env_json(env, report)},
             "hand the runner its environment",
         )
         command = bootstrap.start_command(

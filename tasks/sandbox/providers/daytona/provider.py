@@ -32,6 +32,7 @@ from daytona import (
 )
 
 from tasks.sandbox.base import (
+    ExitReport,
     FileRead,
     ProcessStatus,
     ProviderError,
@@ -144,6 +145,7 @@ class DaytonaProvider:
     create_timeout_s: float = 60.0  # the create call, until the sandbox is started
     request_timeout_s: float = 30.0  # every other call
     exec_timeout_s: int = 30  # the boot script answers once the runner is on record
+    reports_exit = True  # the boot script reports the runner's exit (playrun_boot.py)
 
     def __init__(self, root: Path, *, settings: Settings | None = None) -> None:
         self.root = Path(root)
@@ -257,12 +259,13 @@ class DaytonaProvider:
         return code, answer.result or ""
 
     def exec_detached(
-        self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float
+        self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float,
+        report: ExitReport | None = None,
     ) -> None:
         box = self._box(sandbox_id)
         # The toolbox's exec takes no env every daemon honours: a file the boot script
         # reads and deletes carries it (tokens never appear in a command line).
-        self._upload(box, {bootstrap.ENV_FILE: bootstrap.env_json(env)})
+        self._upload(box, {bootstrap.ENV_FILE: bootstrap.env_json(env, report)})
         command = bootstrap.start_command(
             WORKDIR, argv, timeout_s=timeout_s, env_file=bootstrap.ENV_FILE
         )

@@ -21,6 +21,7 @@ from e2b import CommandExitException, SandboxQuery, SandboxState
 from e2b import exceptions as ex
 
 from tasks.sandbox.base import (
+    ExitReport,
     FileRead,
     ProcessStatus,
     ProviderError,
@@ -53,6 +54,7 @@ class E2BProvider:
     # E2B's published creation limit on the Hobby tier, 1 per second
     # (e2b.dev/docs/sandbox/rate-limits); Pro allows 5/s, set through the bucket.
     create_rate_per_min: float | None = 60.0
+    reports_exit = True  # the boot script reports the runner's exit (playrun_boot.py)
 
     def __init__(
         self,
@@ -129,9 +131,17 @@ class E2BProvider:
     # -- the runner --------------------------------------------------------------------
 
     def exec_detached(
-        self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float
+        self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float,
+        report: ExitReport | None = None,
     ) -> None:
-        command = bootstrap.start_command(self.workdir, argv, timeout_s=timeout_s)
+        env_file = None
+        if report is not None:
+            # The command's envs would show in the keeper's /proc/<pid>/environ, which the
+            # play can read: the report's token goes in a file the boot script deletes.
+            env_file = bootstrap.ENV_FILE
+            self._upload(sandbox_id, {env_file: bootstrap.env_json({}, report)})
+        command = bootstrap.start_command(self.workdir, argv, timeout_s=timeout_s,
+                                          env_file=env_file)
         # timeout=0: E2B's default 60 s deadline on a command kills what it started.
         # The boot script returns within seconds, once the runner's start is on record.
         try:

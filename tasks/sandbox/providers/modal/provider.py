@@ -22,6 +22,7 @@ import modal
 import modal.exception as mx
 
 from tasks.sandbox.base import (
+    ExitReport,
     FileRead,
     ProcessStatus,
     ProviderError,
@@ -51,6 +52,7 @@ class ModalProvider:
     # Modal publishes no sandbox create-rate limit (modal.com/docs/guide/sandbox,
     # modal.com/docs/guide/resources, late 2026): the start-rate bucket learns it.
     create_rate_per_min: float | None = None
+    reports_exit = True  # the boot script reports the runner's exit (playrun_boot.py)
 
     def __init__(
         self,
@@ -149,10 +151,11 @@ class ModalProvider:
     # -- the runner ---------------------------------------------------------------------
 
     def exec_detached(
-        self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float
+        self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float,
+        report: ExitReport | None = None,
     ) -> None:
         s = self._session()
-        launch = bootstrap.launch_json(argv, env, timeout_s)
+        launch = bootstrap.launch_json(argv, env, timeout_s, report)
 
         async def go() -> None:
             sandbox = await self._running(s, sandbox_id)

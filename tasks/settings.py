@@ -153,15 +153,19 @@ class Settings(BaseSettings):
         description="Disk space a sandbox's directory may use; past it the sandbox is stopped.")
     sandbox_cgroup: Path | None = Field(
         default=None,
-        description="A cgroup v2 directory delegated for per-sandbox memory, pids and cpu "
-                    "limits; unset: /sys/fs/cgroup/playrun as root on cgroup v2, else none.")
+        description="A cgroup directory delegated for per-sandbox limits (cgroup v2: memory, "
+                    "pids and cpu; a v1 `cpu` hierarchy: CPU share and quota); unset: "
+                    "/sys/fs/cgroup/playrun as root on cgroup v2, /sys/fs/cgroup/cpu/playrun "
+                    "as root on v1, else none.")
     sandbox_cpus: float = Field(
-        default=1.0, gt=0, description="CPUs one sandbox may use (cpu.max with cgroup v2).")
+        default=1.0, gt=0, description="CPUs one sandbox may use (cpu.max with cgroup v2, "
+                                       "cpu.cfs_quota_us with v1).")
     sandbox_nice: int = Field(
         default=10, ge=0, le=19,
         description="Scheduling niceness of a local sandbox's runner and play (0: as the "
-                    "worker): on a shared host the gateway and workers get the CPU first, so "
-                    "a play that spins cannot slow other tenants' heartbeats.")
+                    "worker): the gateway and workers get the CPU first. Where the kernel "
+                    "groups sessions (autogroup), it orders the play within its sandbox only; "
+                    "the cgroup (PLAYRUN_SANDBOX_CGROUP) orders sandboxes.")
     gateway_public_url: str = Field(
         default="",
         description="The gateway URL a sandbox on another network uses (https in "

@@ -320,3 +320,20 @@ def test_a_play_runs_at_the_configured_niceness_and_cannot_undo_it(
     assert before == provider.settings.sandbox_nice == 10
     if os.geteuid() != 0 or is_strict(provider):  # root outside strict mode may renice itself
         assert after == 10
+
+
+def test_a_strict_play_gets_a_cpu_cgroup_of_its_own_on_cgroup_v1(
+        provider: LocalProvider) -> None:
+    """Where only a cgroup v1 `cpu` hierarchy is writable: each sandbox has its own group
+    (its share and quota) under one group for all sandboxes, removed when the play ends."""
+    base = limits_mod.cgroup_base(provider.settings)[0]
+    if not is_strict(provider) or base is None or not limits_mod.is_v1(base):
+        pytest.skip("needs strict isolation and a writable cgroup v1 cpu hierarchy")
+    src = ("def run(ctx, input):\n    import pathlib\n"
+           "    return pathlib.Path('/proc/self/cgroup').read_text()\n")
+    sid, _, result = run_play(provider, src)
+    assert result["status"] == "succeeded", result
+    assert f":cpu:/{base.name}/{sid}\n" in result["output"]
+    assert wait_for(lambda: not (base / sid).exists())
+    assert limits_mod.cgroup_limits(1024, 64, 0.5, base) == {
+        "cpu.shares": "1024", "cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "50000"}

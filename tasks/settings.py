@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -363,14 +362,6 @@ class Settings(BaseSettings):
         if (provider or self.sandbox_provider) in ("local", "fake"):
             return self.gateway_url
         return self.gateway_public_url
-
-    def gateway_processes(self) -> int:
-        """How many gateway processes serve: the setting, else the cores (at most 4)."""
-        if self.gateway_workers:
-            return self.gateway_workers
-        # The cores this process may run on (a container's cpuset), not the machine's.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        return min(cores or os.cpu_count() or 1, 4)
 
     def gateway_listen_address(self) -> tuple[str, int]:
         """The host and TCP port the gateway listens on, from `gateway_url`."""

@@ -43,6 +43,15 @@ class _Server(uvicorn.Server):
         yield
 
 
+def process_count(settings: Settings) -> int:
+    """How many gateway processes serve: the setting, else the cores (at most 4)."""
+    if settings.gateway_workers:
+        return settings.gateway_workers
+    # The cores this process may run on (a container's cpuset), not the machine's.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return min(cores or os.cpu_count() or 1, 4)
+
+
 def prepare_socket(path: Path) -> None:
     """The socket's directory holds only the socket; sandboxes (other uids) may connect."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +139,7 @@ def serve(settings: Settings, workers: int | None = None) -> None:
     """Serve with `workers` processes (default: the setting, else the cores)."""
     settings.check_for_server()
     require_current_schema()
-    count = workers or settings.gateway_processes()
+    count = workers or process_count(settings)
     sockets = bind(settings)
     host, port = settings.gateway_listen_address()
     port = port or sockets[0].getsockname()[1]

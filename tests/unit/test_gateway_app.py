@@ -23,6 +23,7 @@ from tasks.gateway import app as gateway_app
 from tasks.gateway.actions import ACTIONS, Action
 from tasks.gateway.app import create_app
 from tasks.gateway.refusals import Refusals
+from tasks.gateway.serve import process_count
 from tasks.security import tokens
 from tasks.settings import Settings, get_settings
 from tasks.store.db import session_scope
@@ -294,7 +295,7 @@ def test_refusals_are_gathered_into_rows_and_past_the_budget_fail_the_attempt(
 
 
 def test_the_gateway_processes_are_the_setting_or_the_cores() -> None:
-    assert Settings(gateway_workers=3).gateway_processes() == 3
-    assert 1 <= Settings(gateway_workers=None).gateway_processes() <= 4
+    assert process_count(Settings(gateway_workers=3)) == 3
+    assert 1 <= process_count(Settings(gateway_workers=None)) <= 4
     with pytest.raises(ValidationError):
         Settings(gateway_workers=0)

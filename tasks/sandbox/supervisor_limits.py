@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ CPU_SLACK_S = 5
 DISK_CHECK_S = 0.1
 DISK_CHECK_COST_FACTOR = 50
 DISK_MAX_ENTRIES = 100_000
+CGROUP_EMPTY_WAIT_S = 1.0
 
 
 def cgroup_enter(path: Path, limits: dict[str, str], pid: int) -> list[str]:
@@ -38,12 +41,27 @@ def cgroup_enter(path: Path, limits: dict[str, str], pid: int) -> list[str]:
     return applied
 
 
-def cgroup_kill(path: Path) -> None:
-    """Kill everything in the cgroup (cgroup.kill, Linux 5.14+) and remove it if empty."""
-    with contextlib.suppress(OSError):
+def cgroup_kill(path: Path, wait_s: float = CGROUP_EMPTY_WAIT_S) -> None:
+    """Kill everything in the cgroup (cgroup.kill on v2, each listed process on v1) and
+    remove it once empty: killed processes leave it a moment after the signal."""
+    try:
         (path / "cgroup.kill").write_text("1")
-    with contextlib.suppress(OSError):
-        path.rmdir()
+    except OSError:
+        with contextlib.suppress(OSError):
+            for pid in (path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
 
 
 def apply_limits(config: dict[str, Any], timeout_s: float) -> None:

@@ -6,6 +6,7 @@ supervisor itself (tasks/sandbox/supervisor_limits.py), which also enters and ki
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -80,7 +81,17 @@ def cgroup_base(settings: Settings) -> tuple[Path | None, str]:
         except OSError as exc:
             result = (None, f"not applied: cgroup v2 at {base} is not usable: {exc}")
     _cgroups[key] = result
+    if result[0] is not None:
+        _sweep_empty(result[0])
     return result
+
+
+def _sweep_empty(base: Path) -> None:
+    """Remove sandboxes' cgroups left empty (a sandbox killed with its supervisor): the
+    kernel refuses to remove one that still holds a process."""
+    for child in base.glob("lsb-*"):
+        with contextlib.suppress(OSError):
+            child.rmdir()
 
 
 def _v1_cpu_base(settings: Settings) -> tuple[Path | None, str]:

@@ -217,6 +217,9 @@ HOST_QUEUE_PREFIX: Final = "playrun.host."
 KEY_PREFIX: Final = "playrun"
 KEY_RUN_DONE: Final = f"{KEY_PREFIX}:run-done:"  # pub/sub channel per run
 KEY_START_RATE: Final = f"{KEY_PREFIX}:startrate:"
+# Per-attempt gateway budgets, fleet-wide: keys <prefix>{<run id>:<generation>}:<part>
+# (tasks/gateway/fleet/).
+KEY_GATEWAY: Final = f"{KEY_PREFIX}:gw:"
 # Set of run ids whose start messages a worker node holds (received, not yet finished).
 KEY_HELD_STARTS: Final = f"{KEY_PREFIX}:held-messages:"  # hash: task id -> run id
 # hash: provider -> unix time until which a worker announced it serves it

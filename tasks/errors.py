@@ -137,6 +137,12 @@ class StartRateReplyError(PlayrunError):
     code = "START_RATE_REPLY_INVALID"
 
 
+class GatewayBudgetReplyError(PlayrunError):
+    """A gateway budget script answered something other than its documented reply."""
+
+    code = "GATEWAY_BUDGET_REPLY_INVALID"
+
+
 class DatabaseUnavailableError(PlayrunError):
     """The database did not answer (down, unreachable, or a path that cannot be opened)."""
 

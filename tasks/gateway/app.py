@@ -39,7 +39,8 @@ from tasks.errors import (
 from tasks.gateway import guard, observe
 from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
-from tasks.gateway.budgets import Budgets, retry_after_header
+from tasks.gateway.budgets import retry_after_header
+from tasks.gateway.fleet.limits import Hold, limits_for
 from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher, Send
 from tasks.parse import untrusted
@@ -197,20 +198,18 @@ async def run_action(action: Action, grant: tokens.Grant, model: ActionRequest,
 def create_app(settings: Settings, send_task: Send) -> Starlette:
     beats = BeatBatcher(settings.heartbeat_timeout_s, settings.gateway_beat_window_s)
     releases = ReleaseBatcher(send_task, RELEASE_BATCH_WINDOW_S)
-    # Per process, in memory, as the budgets: each gateway process counts its own.
+    # Budgets and the refusal count in Redis for the whole fleet (in memory without it);
+    # the refusals' ledger rows are this process's own.
+    limits = limits_for(settings)
     ctx = Context(settings=settings, beats=beats, releases=releases,
                   refusals=Refusals(settings.gateway_abuse_refusals,
-                                    settings.gateway_abuse_window_s))
-    budgets = Budgets(settings.gateway_attempt_requests_per_s,
-                      settings.gateway_attempt_request_burst,
-                      settings.gateway_attempt_bytes_per_s,
-                      float(settings.gateway_max_body_bytes) * 2,
-                      settings.gateway_attempt_in_flight)
+                                    settings.gateway_abuse_window_s,
+                                    shared=limits if limits.store is not None else None))
 
     async def runtime(request: Request) -> JSONResponse:
         started = time.perf_counter()
         label, code = observe.UNKNOWN, observe.OK
-        admitted: tuple[str, int] | None = None
+        admitted: Hold | None = None
         grant: tokens.Grant | None = None
         acting = False  # refusals before an action runs are the gateway's own: counted
         read = False
@@ -218,9 +217,8 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             grant = tokens.verify(bearer(request), settings.secret_key)
             ctx.refusals.check((grant.run_id, grant.generation))
             limit, hinted = body_limit(request, grant, settings)
-            attempt = (grant.run_id, grant.generation)
-            budgets.admit(attempt, declared_size(request, limit))
-            admitted = attempt
+            admitted = await limits.admit((grant.run_id, grant.generation),
+                                          declared_size(request, limit))
             body = await read_body(request, limit)
             read = True
             try:
@@ -255,7 +253,7 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
             return JSONResponse({"code": code, "error": "internal error"}, status_code=500)
         finally:
             if admitted is not None:
-                budgets.release(admitted)
+                limits.release(admitted)
             observe.request(label, code, time.perf_counter() - started)
         if "actions" in doc:
             return JSONResponse({"ok": True, "results": results})
@@ -276,4 +274,5 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
     ])
     asgi.state.releases = releases  # serve.py sends what is queued as it stops
+    asgi.state.limits = limits
     return asgi

@@ -3,7 +3,9 @@ bytes, checked from the token and the headers before a body is read.
 
 One play can then cost the gateway only its own share: past the rate a request is answered
 429 `GATEWAY_RATE_LIMITED` with Retry-After (the runner waits and sends it again), so a
-flood from one attempt never queues the others' work. State is per process, in memory.
+flood from one attempt never queues the others' work. This state is per process, in
+memory: the gateway keeps it in Redis, fleet-wide (fleet/), and uses this while Redis does
+not answer or when PLAYRUN_GATEWAY_SHARED_BUDGETS is off.
 """
 
 from __future__ import annotations
@@ -18,6 +20,17 @@ from tasks.errors import GatewayRateLimitedError
 # Attempts not seen for this long are forgotten (their buckets would be full again anyway).
 IDLE_S = 120.0
 SWEEP_EVERY = 1024
+# Too many requests in flight: come back soon, one is likely answered by then.
+IN_FLIGHT_RETRY_S = 0.1
+
+
+def too_many_in_flight(limit: int) -> GatewayRateLimitedError:
+    return GatewayRateLimitedError(f"more than {limit} requests in flight",
+                                   retry_after_s=IN_FLIGHT_RETRY_S)
+
+
+def past_the_rate(wait_s: float) -> GatewayRateLimitedError:
+    return GatewayRateLimitedError("past this attempt's request rate", retry_after_s=wait_s)
 
 
 @dataclass
@@ -57,13 +70,11 @@ class Budgets:
             bucket.at = now
             size = min(size, int(self.byte_burst))  # one maximal body is always possible
             if bucket.in_flight >= self.max_in_flight:
-                raise GatewayRateLimitedError(
-                    f"more than {self.max_in_flight} requests in flight", retry_after_s=0.1)
+                raise too_many_in_flight(self.max_in_flight)
             wait = max((1 - bucket.requests) / self.requests_per_s,
                        (size - bucket.bytes) / self.bytes_per_s, 0.0)
             if wait > 0:
-                raise GatewayRateLimitedError("past this attempt's request rate",
-                                              retry_after_s=wait)
+                raise past_the_rate(wait)
             bucket.requests -= 1
             bucket.bytes -= size
             bucket.in_flight += 1

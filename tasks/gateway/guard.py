@@ -1,6 +1,7 @@
 """The gateway's side of a refused request of a valid token: counted by org and code,
 recorded in the ledger within its bound (refusals.py), and past the attempt's hard budget
-the attempt is failed GATEWAY_ABUSE, settled and released as a pushed terminal is.
+(fleet-wide in Redis: fleet/) the attempt is failed GATEWAY_ABUSE, settled and released as
+a pushed terminal is.
 
 Database work runs in the thread pool, never on the event loop, and only when the tally
 says a row is due: a flood of refusals costs no write per request.
@@ -31,14 +32,14 @@ async def refused(grant: Grant, exc: GatewayError, ctx: Context) -> GatewayError
     metrics.gateway_refusal(grant.org_id, exc.code)
     if isinstance(exc, GatewayAbuseError):
         return exc
-    verdict = ctx.refusals.note((grant.run_id, grant.generation), exc.code,
-                                keep_s=grant.expires_at - time.time())
+    verdict = await ctx.refusals.refuse((grant.run_id, grant.generation), exc.code,
+                                        keep_s=grant.expires_at - time.time())
     if verdict.flush is not None:
         await run_in_threadpool(_record, grant, verdict.flush, ctx)
-    if not verdict.tripped:
-        return exc
-    await run_in_threadpool(_fail, grant, verdict.totals, ctx)
-    return GatewayAbuseError("this attempt was failed for sustained refused requests")
+    if verdict.tripped:
+        await run_in_threadpool(_fail, grant, verdict.totals, ctx)
+    # Failed by this refusal, or before it (by another gateway process): refused as such.
+    return GatewayAbuseError(refusals.ABUSE_MESSAGE) if verdict.failed else exc
 
 
 def _record(grant: Grant, flush: refusals.Flush, ctx: Context) -> None:

@@ -11,8 +11,11 @@ The hard budget is a leaky count: each refusal adds one, it drains
 `gateway_abuse_refusals` per `gateway_abuse_window_s`; past the budget the attempt is
 failed GATEWAY_ABUSE (once) and every later request of it is refused at once.
 
-State is per gateway process, in memory (as budgets.py): several processes each keep
-their own count, and the ledger's own budget (ledger.append_budgeted) bounds the rows.
+The rows are per gateway process, in memory; the ledger's own budget
+(ledger.append_budgeted) bounds them across processes. The hard budget is fleet-wide when
+`shared` is given (fleet/limits.py: one count in Redis for every gateway process and
+host, so the attempt fails once); without it, or while Redis does not answer, each
+process keeps its own count.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tasks.constants import (
     GATEWAY_REFUSED_EVERY_S,
@@ -39,6 +43,7 @@ Key = tuple[str, int]  # (run id, generation), as budgets.py keys an attempt
 # Attempts not refused for this long are forgotten (their count has drained by then).
 IDLE_S = 120.0
 SWEEP_EVERY = 1024
+ABUSE_MESSAGE = "this attempt was failed for sustained refused requests"
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,22 @@ class Verdict:
     # This refusal crossed the hard budget: fail the attempt (told to one caller only).
     tripped: bool = False
     totals: dict[str, int] = field(default_factory=dict)  # refusals by code, when tripped
+    failed: bool = False  # the attempt is failed (by this refusal or before it)
+
+
+@dataclass(frozen=True)
+class Count:
+    """The fleet-wide hard budget's answer for one refusal (fleet/limits.py)."""
+
+    tripped: bool = False  # this refusal crossed it: fail the attempt
+    failed: bool = False  # the attempt was failed before: this refusal is not counted
+    totals: dict[str, int] = field(default_factory=dict)  # refusals by code, when tripped
+
+
+class SharedCount(Protocol):
+    async def count(self, key: Key, code: str, keep_s: float) -> Count | None:
+        """The fleet's count, or None to count in this process (Redis did not answer)."""
+        ...
 
 
 @dataclass
@@ -76,20 +97,28 @@ class Refusals:
     window_s: float
     max_rows: int = GATEWAY_REFUSED_MAX_EVENTS
     every_s: float = GATEWAY_REFUSED_EVERY_S
+    shared: SharedCount | None = None  # the fleet-wide hard budget, if any
     _tallies: dict[Key, _Tally] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _noted: int = 0
 
     def check(self, key: Key) -> None:
-        """Raise GatewayAbuseError if this process failed the attempt."""
+        """Raise GatewayAbuseError if this process knows the attempt failed (the fleet's
+        admit answers it for the others: fleet/limits.py)."""
         tally = self._tallies.get(key)  # a dict read: atomic under the GIL
         if tally is not None and tally.failed_until is not None:
-            raise GatewayAbuseError("this attempt was failed for sustained refused requests")
+            raise GatewayAbuseError(ABUSE_MESSAGE)
+
+    async def refuse(self, key: Key, code: str, keep_s: float = IDLE_S) -> Verdict:
+        """note() with the fleet's count when there is one."""
+        count = None if self.shared is None else await self.shared.count(key, code, keep_s)
+        return self.note(key, code, keep_s=keep_s, count=count)
 
     def note(self, key: Key, code: str, now: float | None = None,
-             keep_s: float = IDLE_S) -> Verdict:
+             keep_s: float = IDLE_S, count: Count | None = None) -> Verdict:
         """Count one refusal; say which rows to write and whether it failed the attempt.
-        keep_s: how long a failed attempt's token stays valid (it is refused until then)."""
+        keep_s: how long a failed attempt's token stays valid (it is refused until then).
+        count: the fleet's hard budget decided (else this process's own count does)."""
         now = time.monotonic() if now is None else now
         with self._lock:
             self._noted += 1
@@ -98,16 +127,20 @@ class Refusals:
             tally = self._tallies.get(key)
             if tally is None:
                 tally = self._tallies[key] = _Tally(at=now)
+            if tally.failed_until is None and count is not None and count.failed:
+                tally.failed_until = now + max(keep_s, IDLE_S)
             if tally.failed_until is not None:
-                return Verdict(None)
-            drained = max(now - tally.at, 0.0) * self.limit / self.window_s
-            tally.level = max(tally.level - drained, 0.0) + 1
+                return Verdict(None, failed=True)
+            if count is None:
+                drained = max(now - tally.at, 0.0) * self.limit / self.window_s
+                tally.level = max(tally.level - drained, 0.0) + 1
             tally.at = now
             tally.pending[code] += 1
             tally.total[code] += 1
-            if tally.level > self.limit:
+            if count.tripped if count is not None else tally.level > self.limit:
                 tally.failed_until = now + max(keep_s, IDLE_S)
-                return Verdict(self._take(tally, now), True, dict(tally.total))
+                totals = count.totals if count is not None else dict(tally.total)
+                return Verdict(self._take(tally, now), True, totals, failed=True)
             if now - tally.flushed_at >= self.every_s:
                 return Verdict(self._take(tally, now))
             # A code's first refusal is a row of its own at once; the rest wait their turn.

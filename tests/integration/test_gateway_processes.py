@@ -17,7 +17,7 @@ import pytest
 
 from tasks.host.processes import free_port, pid_alive
 from tests.support.env import GATEWAY_DIR
-from tests.support.gateway import launched
+from tests.support.gateway import launched, server_pid
 from tests.support.helpers import eventually
 from tests.support.metrics import endpoint, scrape
 from tests.support.stack import Gateway, worker_env
@@ -73,27 +73,9 @@ def serving(gw: Gateway, without: int = 0) -> set[int]:
     return eventually(two, what="two gateway processes")
 
 
-def _socket_inode(local_port: int, remote_port: int) -> str | None:
-    """The inode of the TCP socket local_port -> remote_port (/proc/net/tcp, hex ports)."""
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)) == (
-                local_port, remote_port):
-            return fields[9]
-    return None
-
-
 def answering_pid(gw: Gateway, conn: socket.socket, pids: set[int]) -> int | None:
     """Which of `pids` holds the server end of `conn` (an answered, open connection)."""
-    inode = _socket_inode(port(gw), conn.getsockname()[1])
-    for pid in pids:
-        try:
-            links = {os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()}
-        except OSError:
-            continue
-        if f"socket:[{inode}]" in links:
-            return pid
-    return None
+    return server_pid(port(gw), conn.getsockname()[1], pids)
 
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n", b'{"ok":true}'

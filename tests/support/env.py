@@ -24,7 +24,7 @@ LOCAL_ENV = {
     "PLAYRUN_GC_GRACE_S": "0",
     "PLAYRUN_GATEWAY_URL": f"http://127.0.0.1:{GATEWAY_PORT}",
     "PLAYRUN_GATEWAY_SOCKET": str(GATEWAY_DIR / "sock" / "gateway.sock"),
-    # One gateway process unless a test asks for more: per-attempt budgets are per process.
+    # One gateway process unless a test asks for more.
     "PLAYRUN_GATEWAY_WORKERS": "1",
     "PLAYRUN_HEARTBEAT_INTERVAL_S": "1",
     "PLAYRUN_HEARTBEAT_TIMEOUT_S": "4",

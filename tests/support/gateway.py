@@ -3,7 +3,10 @@ and one runtime request."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -65,3 +68,26 @@ def call(gw: Gateway, token: str, body: Any, *, raw: bytes | None = None) -> htt
 def refused(response: httpx.Response, status: int, code: str) -> None:
     assert (response.status_code, response.json()["code"]) == (status, code), response.text
     assert response.json()["error"]
+
+
+def _socket_inode(local_port: int, remote_port: int) -> str | None:
+    """The inode of the TCP socket local_port -> remote_port (/proc/net/tcp, hex ports)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)) == (
+                local_port, remote_port):
+            return fields[9]
+    return None
+
+
+def server_pid(server_port: int, client_port: int, pids: Iterable[int]) -> int | None:
+    """Which of `pids` holds the server end of the open connection from `client_port`."""
+    inode = _socket_inode(server_port, client_port)
+    for pid in pids:
+        try:
+            links = {os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()}
+        except OSError:
+            continue
+        if f"socket:[{inode}]" in links:
+            return pid
+    return None

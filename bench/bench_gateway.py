@@ -7,7 +7,11 @@ One uvicorn server (a subprocess, configured like `playrun gateway`) serves thre
   /bare       a bare Starlette route: read the JSON body, UPDATE one attempts row, commit
               (same engine, pool and threadpool as the gateway's actions)
   /default    the gateway app (tasks.gateway.app.create_app) with the default settings: a
-              beat is a fenced read, and renews the lease at most once per 10 s per attempt
+              beat is a fenced read, and renews the lease at most once per 10 s per attempt;
+              the per-attempt budgets are checked in Redis (one admit script and one
+              pipelined release per request)
+  /memory     the same app with the budgets in the process's memory
+              (PLAYRUN_GATEWAY_SHARED_BUDGETS=false, what every process did before)
   /renew      the same app with a tiny heartbeat timeout, so every beat also writes its lease
 K launched attempts (admitted, claimed, mark_launching) get real runner tokens; C client
 threads in this process drive keep-alive HTTP/1.1 connections for a fixed time per phase.
@@ -35,10 +39,11 @@ sys.path.insert(0, str(ROOT))
 from bench.common import Child, bench_env, free_port, pct, start_child, stop_on_sigterm  # noqa: E402
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
-MOUNTS = ("bare", "default", "renew")
+MOUNTS = ("bare", "default", "memory", "renew")
 LABELS = {
     "bare": "bare route: 1-row UPDATE + commit",
     "default": "gateway heartbeat (default)",
+    "memory": "gateway heartbeat (budgets in memory)",
     "renew": "gateway heartbeat (writes each beat)",
 }
 
@@ -78,6 +83,8 @@ def serve(port: int) -> None:
     app = Starlette(routes=[
         Mount("/bare", Starlette(routes=[Route("/v1/runtime", bare, methods=["POST"])])),
         Mount("/default", create_app(settings, no_send)),
+        Mount("/memory", create_app(settings.model_copy(
+            update={"gateway_shared_budgets": False}), no_send)),
         # renew_every = timeout / 3 = 10 ms: with K attempts beaten in turn, every beat writes.
         Mount("/renew", create_app(settings.model_copy(update={"heartbeat_timeout_s": 0.03}),
                                    no_send)),
@@ -250,7 +257,7 @@ def main() -> None:
             server.stop()
     shutil.rmtree(log_dir, ignore_errors=True)
     host = urlsplit(f"http://127.0.0.1:{port}").netloc
-    print(f"one uvicorn server on {host} (h11, asyncio; same process for all three), "
+    print(f"one uvicorn server on {host} (h11, asyncio; same process for all four), "
           f"{args.clients} keep-alive clients, {args.attempts} attempts, "
           f"{args.rounds} x {args.seconds:g} s per row, 2 shared cores")
     print(f"{'endpoint':38} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'ratio':>6} "
@@ -265,6 +272,10 @@ def main() -> None:
         if p.errors:
             print(f"  errors: {p.errors}")
     print("ratio: req/s over the bare route's; writes: share of requests that updated a row")
+    shared, memory = totals["default"], totals["memory"]
+    print(f"budgets in Redis / in memory: {shared.rate / memory.rate:.2f}x req/s, p50 "
+          f"{pct(shared.latencies, 50) / pct(memory.latencies, 50):.2f}x, p99 "
+          f"{pct(shared.latencies, 99) / pct(memory.latencies, 99):.2f}x")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aredis
@@ -19,6 +20,7 @@ from tasks.errors import GatewayAbuseError, GatewayRateLimitedError
 from tasks.gateway.budgets import Budgets
 from tasks.gateway.fleet import maths, store
 from tasks.gateway.fleet.limits import RETRY_S, Hold, Limits
+from tasks.gateway.fleet.pipe import Op, Pipe
 from tasks.gateway.fleet.store import FleetStore, Key
 from tasks.gateway.refusals import Refusals
 from tasks.host.processes import free_port
@@ -64,31 +66,35 @@ def silent_port() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
-def test_admit_and_release_are_shared_and_releases_go_together() -> None:
+def test_admit_and_release_are_shared_and_go_together(monkeypatch: pytest.MonkeyPatch) -> None:
     limits = limits_on([TEST_REDIS_URL])
     assert limits.store is not None
-    batches: list[int] = []
-    send = limits.store.release
+    batches: list[list[str]] = []
+    send = Pipe._pipeline
 
-    async def counted(holds: Sequence[tuple[Key, str]]) -> None:
-        batches.append(len(holds))
-        await send(holds)
+    async def counted(client: aredis.Redis, batch: list[Op]) -> list[Any]:
+        batches.append(["release" if op.script is None else op.script.name for op in batch])
+        return await send(client, batch)
 
-    limits.store.release = counted  # type: ignore[method-assign]
+    monkeypatch.setattr(Pipe, "_pipeline", staticmethod(counted))
     a = attempt()
 
     async def scenario() -> None:
-        first, second = await limits.admit(a, 10), await limits.admit(a, 10)
+        first, second = await asyncio.gather(limits.admit(a, 10), limits.admit(a, 10))
         assert first.rid and second.rid and first.rid != second.rid
+        assert batches == [["admit", "admit"]]  # asked in the same turn: one round trip
         with pytest.raises(GatewayRateLimitedError, match="in flight") as caught:
             await limits.admit(a, 10)
         assert caught.value.retry_after_s == pytest.approx(0.1)
         limits.release(first)
         limits.release(second)
+        third = await limits.admit(a, 10)
+        # The releases went with the next admission, before it: both slots were free.
+        assert batches[-1] == ["release", "release", "admit"]
+        limits.release(third)
         await limits.drain()
-        assert batches == [2]  # released in the same turn: one round trip
         assert await limits.store.client.zcard(limits.store.keys(a)[2]) == 0  # type: ignore[union-attr]
-        for _ in range(3):
+        for _ in range(2):
             limits.release(await limits.admit(a, 10))
         with pytest.raises(GatewayRateLimitedError, match="rate") as caught:
             await limits.admit(a, 10)  # the burst of 5 is spent, the memory's untouched

@@ -8,14 +8,12 @@ call is, so a dead Redis costs no latency per request. One warning says so, and 
 when Redis answers again. Meanwhile each process keeps its own budgets, as before they
 were shared.
 
-Releases are not waited for: they are queued and sent together, one pipeline of ZREMs per
-turn of the event loop. A release lost (a process killed, Redis down) is a hold that
-expires on its own after maths.HOLD_MS.
+Nothing waits for a release: it goes with the next pipeline (pipe.py). A release lost (a
+process killed, Redis down) is a hold that expires on its own after maths.HOLD_MS.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -62,8 +60,8 @@ class Limits:
         self._down = False
         self._ids = counter()
         self._id_prefix = os.urandom(5).hex() + ":"  # request ids unique across the fleet
-        self._released: list[tuple[Key, str]] = []
-        self._flushing: asyncio.Task[None] | None = None
+        if store is not None:
+            store.pipe.on_error = lambda exc: self._degrade(exc, "release")
 
     async def admit(self, key: Key, size: int) -> Hold:
         """Take one request of `size` bytes, or raise GatewayRateLimitedError (with how
@@ -75,7 +73,7 @@ class Limits:
                 answer, wait_us = await store.admit(key, size, rid)
             except _UNAVAILABLE as exc:
                 if isinstance(exc, RedisTimeoutError):  # it may have run: let it go
-                    self._queue(key, rid)
+                    store.release(key, rid)
                 self._degrade(exc, "admit")
             else:
                 self._answered()
@@ -89,8 +87,8 @@ class Limits:
         """The request was answered (called on the event loop; never waits for Redis)."""
         if hold.rid is None:
             self.local.release(hold.key)
-        else:
-            self._queue(hold.key, hold.rid)
+        elif self.store is not None:
+            self.store.release(hold.key, hold.rid)
 
     async def count(self, key: Key, code: str, keep_s: float) -> Count | None:
         """Count one refusal fleet-wide (refusals.SharedCount); None: count it in memory."""
@@ -107,9 +105,9 @@ class Limits:
                      failed=refused.answer == maths.ALREADY_FAILED, totals=refused.totals)
 
     async def drain(self) -> None:
-        """Wait for the queued releases (tests, and a process that stops)."""
-        while self._flushing is not None:
-            await asyncio.shield(self._flushing)
+        """Until the queued releases are sent (tests, and a process that stops)."""
+        if self.store is not None:
+            await self.store.pipe.drain()
 
     def _refusal(self, answer: int, wait_us: int) -> GatewayRateLimitedError | GatewayAbuseError:
         if answer == maths.FAILED:
@@ -117,23 +115,6 @@ class Limits:
         if answer == maths.IN_FLIGHT:
             return too_many_in_flight(self.local.max_in_flight)
         return past_the_rate(wait_us / 1_000_000)
-
-    def _queue(self, key: Key, rid: str) -> None:
-        self._released.append((key, rid))
-        if self._flushing is None:
-            self._flushing = asyncio.get_running_loop().create_task(self._flush())
-
-    async def _flush(self) -> None:
-        # Everything released while a batch is on its way goes in the next one.
-        try:
-            while self._released and self.store is not None:
-                batch, self._released = self._released, []
-                try:
-                    await self.store.release(batch)
-                except _UNAVAILABLE as exc:
-                    self._degrade(exc, "release")  # their holds expire on their own
-        finally:
-            self._flushing = None
 
     def _reachable(self) -> FleetStore | None:
         if self.store is None:

@@ -1,5 +1,6 @@
 """The fleet-wide gateway budgets in Redis: one Lua script per operation (lua/admit.lua,
-lua/refuse.lua, each atomic, after lua/prelude.lua), and a release that is one ZREM.
+lua/refuse.lua, each atomic, after lua/prelude.lua), and a release that is one ZREM (a
+single command is atomic on its own), all sent through pipe.py.
 
 An attempt's keys share the hash tag `{<run id>:<generation>}`, so the scripts run on
 Redis Cluster too. Only NOSCRIPT re-sends a call (nothing ran); a timeout may have run the
@@ -8,45 +9,25 @@ script and propagates to the caller (limits.py), which answers from memory inste
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-from typing import Any
 
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
 
 from tasks.constants import KEY_GATEWAY
 from tasks.errors import GatewayBudgetReplyError
 from tasks.gateway.fleet import maths
 from tasks.gateway.fleet.maths import Params
+from tasks.gateway.fleet.pipe import Pipe
+from tasks.gateway.fleet.scripts import script
 
 Key = tuple[str, int]  # (run id, generation): one attempt
 # A Redis that answers slower than this is unavailable to the gateway: the budgets are
 # kept in memory until it answers again (limits.py).
 TIMEOUT_S = 0.5
-
-
-@dataclass(frozen=True)
-class Script:
-    body: str
-    sha: str
-
-
-def _lua(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-
-
-@cache
-def script(name: str) -> Script:
-    body = _lua("prelude") + _lua(name)
-    return Script(body, hashlib.sha1(body.encode("utf-8")).hexdigest())
 
 
 def client_for(url: str) -> aredis.Redis:
@@ -78,10 +59,8 @@ class FleetStore:
 
     def __init__(self, connect: Callable[[], aredis.Redis], params: Params, *,
                  prefix: str = KEY_GATEWAY) -> None:
-        """connect: a new client (e.g. client_for(url)), made once per event loop, since
-        an asyncio connection serves only the loop it was made on."""
-        self._connect = connect
-        self._clients: tuple[asyncio.AbstractEventLoop, aredis.Redis] | None = None
+        """connect: a new client (e.g. client_for(url)), made once per event loop."""
+        self.pipe = Pipe(connect)
         self.params = params
         self.prefix = prefix
         self._admit_args = _packed(
@@ -92,28 +71,17 @@ class FleetStore:
 
     @property
     def client(self) -> aredis.Redis:
-        loop = asyncio.get_running_loop()
-        if self._clients is None or self._clients[0] is not loop:
-            self._clients = (loop, self._connect())
-        return self._clients[1]
+        return self.pipe.client
 
     def keys(self, key: Key) -> tuple[str, str, str]:
         """The attempt's bucket, abuse and flight keys."""
         base = f"{self.prefix}{{{key[0]}:{key[1]}}}:"
         return base + "bucket", base + "abuse", base + "flight"
 
-    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        s, client = script(name), self.client
-        try:
-            return await client.evalsha(s.sha, len(keys), *keys, *args)  # type: ignore[misc]
-        except NoScriptError:
-            await client.script_load(s.body)
-            return await client.evalsha(s.sha, len(keys), *keys, *args)  # type: ignore[misc]
-
     async def admit(self, key: Key, size: int, rid: str, *,
                     now_us: int | None = None) -> tuple[int, int]:
         """(answer, wait in us), the answers of maths.admit."""
-        reply = await self._run("admit", self.keys(key), (
+        reply = await self.pipe.call(script("admit"), self.keys(key), (
             self._admit_args, max(0, size), rid, "" if now_us is None else now_us))
         try:
             answer, wait = (int(v) for v in reply)
@@ -123,17 +91,14 @@ class FleetStore:
             raise GatewayBudgetReplyError(f"admit answered {reply!r:.200}")
         return answer, wait
 
-    async def release(self, holds: Sequence[tuple[Key, str]]) -> None:
-        """Forget admitted requests: one round trip for all of them."""
-        pipe = self.client.pipeline(transaction=False)
-        for key, rid in holds:
-            pipe.zrem(self.keys(key)[2], rid)
-        await pipe.execute()
+    def release(self, key: Key, rid: str) -> None:
+        """Forget an admitted request, with the next pipeline (nobody waits for it)."""
+        self.pipe.zrem_soon(self.keys(key)[2], rid)
 
     async def refuse(self, key: Key, code: str, keep_us: int, *,
                      now_us: int | None = None) -> Refused:
         _, abuse, _ = self.keys(key)
-        reply = await self._run("refuse", (abuse,), (
+        reply = await self.pipe.call(script("refuse"), (abuse,), (
             self._refuse_args, code, int(keep_us), "" if now_us is None else now_us))
         try:
             answer = int(reply[0])

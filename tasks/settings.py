@@ -65,9 +65,8 @@ class Settings(BaseSettings):
         default=4 * 1024 * 1024, gt=0,
         description="Request bytes per second one attempt may send (its burst is twice the "
                     "largest body).")
-    gateway_shared_budgets: bool = Field(default=True, description=(
-        "Per-attempt budgets and refusal counts in Redis, one for every gateway process and "
-        "host; off (or while Redis does not answer) each gateway process keeps its own."))
+    gateway_shared_budgets: bool = Field(default=True, description="Per-attempt budgets and "
+        "refusal counts in Redis, fleet-wide; off (or Redis down): each gateway process its own.")
     gateway_abuse_refusals: int = Field(
         default=3000, ge=1, le=MAX_SQL_INT,
         description="Refused requests that fail an attempt GATEWAY_ABUSE: a leaky count that "

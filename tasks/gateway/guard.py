@@ -31,6 +31,8 @@ async def refused(grant: Grant, exc: GatewayError, ctx: Context) -> GatewayError
     GatewayAbuseError when this refusal failed the attempt."""
     metrics.gateway_refusal(grant.org_id, exc.code)
     if isinstance(exc, GatewayAbuseError):
+        # Failed (another process may have failed it): refused here without Redis from now.
+        ctx.refusals.failed((grant.run_id, grant.generation), grant.expires_at - time.time())
         return exc
     verdict = await ctx.refusals.refuse((grant.run_id, grant.generation), exc.code,
                                         keep_s=grant.expires_at - time.time())

@@ -109,6 +109,14 @@ class Refusals:
         if tally is not None and tally.failed_until is not None:
             raise GatewayAbuseError(ABUSE_MESSAGE)
 
+    def failed(self, key: Key, keep_s: float = IDLE_S, now: float | None = None) -> None:
+        """The attempt was failed (the fleet says so): check() refuses it from now on."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            tally = self._tallies.setdefault(key, _Tally(at=now))
+            if tally.failed_until is None:
+                tally.failed_until = now + max(keep_s, IDLE_S)
+
     async def refuse(self, key: Key, code: str, keep_s: float = IDLE_S) -> Verdict:
         """note() with the fleet's count when there is one."""
         count = None if self.shared is None else await self.shared.count(key, code, keep_s)

@@ -117,6 +117,9 @@ async def _serve(settings: Settings, sockets: list[socket.socket],
     try:
         await asyncio.gather(server.serve(sockets=sockets), when_serving())
     finally:
+        # Budget releases still queued go out (a hold left behind expires on its own).
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asgi.state.limits.drain(), 1.0)
         await asyncio.to_thread(asgi.state.releases.close)  # what settled goes out
 
 

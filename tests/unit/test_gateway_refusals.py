@@ -8,7 +8,7 @@ import pytest
 
 from tasks.constants import GATEWAY_REFUSED_EVERY_S, GATEWAY_REFUSED_MAX_EVENTS
 from tasks.errors import GatewayAbuseError
-from tasks.gateway.refusals import IDLE_S, SWEEP_EVERY, Flush, Refusals
+from tasks.gateway.refusals import IDLE_S, SWEEP_EVERY, Count, Flush, Refusals
 
 A, B = ("a" * 32, 1), ("b" * 32, 1)
 BAD, LIMITED, LARGE = "GATEWAY_BAD_REQUEST", "GATEWAY_RATE_LIMITED", "GATEWAY_BODY_TOO_LARGE"
@@ -127,3 +127,31 @@ def test_idle_attempts_are_forgotten_and_failed_ones_kept_while_their_token_live
     for i in range(SWEEP_EVERY):
         r.note(("d" * 32, i), BAD, now=IDLE_S * 4)
     r.check(A)  # its token has expired: verify refuses it now
+
+
+def test_an_attempt_the_fleet_failed_is_refused_here_too() -> None:
+    """Another gateway process failed it (its count is the fleet's, in Redis): this one
+    refuses it at once, and counts nothing more of it."""
+    r = Refusals(limit=100, window_s=10)
+    r.check(A)
+    r.failed(A, keep_s=30, now=0.0)
+    with pytest.raises(GatewayAbuseError):
+        r.check(A)
+    verdict = r.note(A, BAD, now=1.0)
+    assert verdict.failed and not verdict.tripped and verdict.flush is None
+    r.check(B)
+
+
+def test_the_fleets_count_decides_and_its_totals_name_the_failure() -> None:
+    r = Refusals(limit=1, window_s=10)  # alone, it would trip at the second refusal
+    assert not r.note(A, BAD, now=0.0, count=Count()).tripped
+    assert not r.note(A, BAD, now=0.0, count=Count()).tripped
+    trip = r.note(A, LARGE, now=0.0, count=Count(tripped=True, totals={BAD: 7, LARGE: 3}))
+    assert trip.tripped and trip.failed and trip.totals == {BAD: 7, LARGE: 3}
+    assert trip.flush is not None and sum(trip.flush.counts.values()) >= 1
+    with pytest.raises(GatewayAbuseError):
+        r.check(A)
+    told = r.note(B, BAD, now=0.0, count=Count(failed=True))  # failed by another process
+    assert told.failed and not told.tripped
+    with pytest.raises(GatewayAbuseError):
+        r.check(B)

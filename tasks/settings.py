@@ -8,181 +8,30 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from tasks.constants import (
     DEV_SECRET_KEY,
     MAX_SQL_INT,
     PROVIDER_NAMES,
-    SHEET_MAX_PAGE_ROWS,
     StartOrder,
 )
 from tasks.errors import ConfigurationError
+from tasks.settings_gateway import PLAYRUN_HOME, GatewaySettings
+from tasks.settings_sandbox import SandboxSettings
 
-_HOME = Path.home() / ".playrun"
 
-
-class Settings(BaseSettings):
+class Settings(GatewaySettings, SandboxSettings):
     """Every PLAYRUN_* environment variable, read once per process (docs/operations.md)."""
 
     model_config = SettingsConfigDict(env_prefix="PLAYRUN_", extra="ignore", frozen=True)
 
     database_url: str = Field(
-        default=f"sqlite:///{_HOME / 'playrun.db'}",
+        default=f"sqlite:///{PLAYRUN_HOME / 'playrun.db'}",
         description="SQLAlchemy URL of the database (PostgreSQL in production).")
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         description="Redis: the Celery broker and result backend, and the start-rate buckets.")
-    gateway_url: str = Field(
-        default="http://127.0.0.1:8765",
-        description="Where the gateway listens over TCP, and where local sandboxes call back.")
-    # Its directory is bound into each sandbox, so keep nothing else in it.
-    gateway_socket: Path = Field(
-        default=_HOME / "gateway" / "gateway.sock",
-        description="The gateway's Unix socket; strict sandboxes reach the gateway only "
-                    "through it (its directory is bound into each sandbox).")
-    gateway_workers: int | None = Field(
-        default=None, ge=1, le=64,
-        description="Gateway processes serving the same TCP port and Unix socket (`playrun "
-                    "gateway --workers N` wins); unset: one per core, at most 4.")
-    gateway_max_body_bytes: int = Field(
-        default=4 * 1024 * 1024, gt=0,
-        description="Largest request body the gateway reads (a result document is at most "
-                    "about 1 MiB).")
-    gateway_max_body_values: int = Field(
-        default=200_000, gt=0,
-        description="Values and containers one request body may hold, counted before it is "
-                    "decoded.")
-    gateway_attempt_in_flight: int = Field(
-        default=8, ge=1, description="Requests one attempt may have in flight at the gateway.")
-    gateway_attempt_requests_per_s: float = Field(
-        default=50.0, gt=0,
-        description="Requests per second one attempt may send (a token bucket; an honest "
-                    "runner stays far below it).")
-    gateway_attempt_request_burst: float = Field(
-        default=200.0, ge=1, description="Burst of the per-attempt request bucket.")
-    gateway_attempt_bytes_per_s: float = Field(
-        default=4 * 1024 * 1024, gt=0,
-        description="Request bytes per second one attempt may send (its burst is twice the "
-                    "largest body).")
-    gateway_shared_budgets: bool = Field(default=True, description="Per-attempt budgets and "
-        "refusal counts in Redis, fleet-wide; off (or Redis down): each gateway process its own.")
-    gateway_abuse_refusals: int = Field(
-        default=3000, ge=1, le=MAX_SQL_INT,
-        description="Refused requests that fail an attempt GATEWAY_ABUSE: a leaky count that "
-                    "drains this many per PLAYRUN_GATEWAY_ABUSE_WINDOW_S; past it the "
-                    "gateway ends the attempt and frees its sandbox.")
-    gateway_abuse_window_s: float = Field(
-        default=60.0, gt=0, le=86400,
-        description="The window of PLAYRUN_GATEWAY_ABUSE_REFUSALS: an attempt with at most "
-                    "that many refusals in every window is never failed; one with more than "
-                    "twice as many in one window always is.")
-    heartbeat_interval_s: float = Field(
-        default=5.0, gt=0, description="Seconds between a runner's heartbeats.")
-    heartbeat_timeout_s: float = Field(
-        default=30.0, gt=0,
-        description="A runner silent this long is inspected on its host by the reaper.")
-    exit_report: bool = Field(
-        default=True,
-        description="A sandbox reports its runner's exit to the gateway at once (a local "
-                    "sandbox's supervisor, a cloud sandbox's boot script), so a runner that "
-                    "ends without settling is inspected in seconds; off, only the heartbeat "
-                    "timeout notices it.")
-    gateway_beat_window_s: float = Field(
-        default=0.1, ge=0, le=1.0,
-        description="The gateway answers all heartbeats of this window in one transaction.")
-    progress_max_events: int = Field(
-        default=10_000, ge=0,
-        description="Progress events kept per attempt; beyond it one event counts the rest.")
-    step_max_events: int = Field(
-        default=10_000, ge=0,
-        description="Step ledger rows (completed, failed, taken over, first reuse of a key) "
-                    "per attempt; beyond it one event says the budget is spent.")
-    sheet_page_rows: int = Field(
-        default=500, ge=1, le=SHEET_MAX_PAGE_ROWS,
-        description="Runtime sheets: rows a runner admits per request.")
-    sheet_write_rows: int = Field(
-        default=200, ge=1, le=SHEET_MAX_PAGE_ROWS,
-        description="Runtime sheets: row results a runner writes per request.")
-    secret_key: str = Field(
-        default=DEV_SECRET_KEY,
-        description="Signs runner tokens; workers and the gateway refuse the built-in "
-                    "development value on PostgreSQL.")
-    sandbox_provider: str = Field(
-        default="local",
-        description="Sandbox provider: local, fake, daytona, e2b, modal or agentcore.")
-    providers: str = Field(
-        default="", max_length=400,
-        description="Several providers in one fleet, comma-separated; the first is the "
-                    "fleet's own when no placement policy applies. Unset: "
-                    "PLAYRUN_SANDBOX_PROVIDER alone.")
-    placement_default: str | None = Field(
-        default=None, max_length=40,
-        description="The placement policy of runs that name none and whose org has no "
-                    "default.")
-    provider_circuit_failures: int = Field(
-        default=3, ge=1, le=1000,
-        description="Creates failing this many times in a row (transport, auth) open a "
-                    "provider's circuit: placement passes its attempts to a fallback.")
-    provider_circuit_open_s: float = Field(
-        default=30.0, gt=0, le=3600, description="How long an open circuit stays open.")
-    sandbox_root: Path = Field(
-        default=_HOME / "sandboxes",
-        description="Where local sandboxes live, and the provider's records of remote ones.")
-    sandbox_isolation: Literal["auto", "strict", "process"] = Field(
-        default="auto",
-        description="strict: bubblewrap namespaces, only the sandbox directory writable, no "
-                    "network but the gateway socket; process: a process group on the host "
-                    "filesystem; auto: strict where it works.")
-    sandbox_network: bool = Field(
-        default=False,
-        description="Outbound network for strict sandboxes: a risk, plays then reach "
-                    "whatever the host reaches.")
-    # Keep these ids free of other use on the host.
-    sandbox_uid: int = Field(
-        default=65534, gt=0,
-        description="Host uid a worker running as root runs strict sandboxes as.")
-    sandbox_gid: int = Field(
-        default=65534, gt=0,
-        description="Host gid a worker running as root runs strict sandboxes as.")
-    sandbox_max_processes: int = Field(
-        default=128, gt=0,
-        description="Processes and threads one sandbox may have at once (RLIMIT_NPROC in its "
-                    "own user namespace; pids.max with cgroup v2).")
-    sandbox_max_dir_mb: int = Field(
-        default=512, gt=0,
-        description="Disk space a sandbox's directory may use; past it the sandbox is stopped.")
-    sandbox_cgroup: Path | None = Field(
-        default=None,
-        description="A cgroup directory delegated for per-sandbox limits (cgroup v2: memory, "
-                    "pids and cpu; a v1 `cpu` hierarchy: CPU share and quota); unset: "
-                    "/sys/fs/cgroup/playrun as root on cgroup v2, /sys/fs/cgroup/cpu/playrun "
-                    "as root on v1, else none.")
-    sandbox_cpus: float = Field(
-        default=1.0, gt=0, description="CPUs one sandbox may use (cpu.max with cgroup v2, "
-                                       "cpu.cfs_quota_us with v1).")
-    sandbox_nice: int = Field(
-        default=10, ge=0, le=19,
-        description="Scheduling niceness of a local sandbox's runner and play (0: as the "
-                    "worker): the gateway and workers get the CPU first. Where the kernel "
-                    "groups sessions (autogroup), it orders the play within its sandbox only; "
-                    "the cgroup (PLAYRUN_SANDBOX_CGROUP) orders sandboxes.")
-    gateway_public_url: str = Field(
-        default="",
-        description="The gateway URL a sandbox on another network uses (https in "
-                    "production); required by the cloud providers.")
-    sandbox_egress: Literal["gateway", "open"] = Field(
-        default="gateway",
-        description="Cloud sandboxes' network: gateway (only the gateway's host, where the "
-                    "provider can limit egress) or open (anything).")
-    provider_max_live: int | None = Field(
-        default=None, gt=0, le=MAX_SQL_INT,
-        description="Live sandboxes of this provider fleet-wide (providers cap them per "
-                    "account); unset: no limit.")
-    fleet: str = Field(
-        default="default", min_length=1, max_length=40, pattern=r"^[a-z0-9][a-z0-9-]*$",
-        description="Label on every sandbox; garbage collection deletes only its own "
-                    "fleet's orphans.")
     org_capacity: int = Field(
         default=10, ge=0, le=MAX_SQL_INT,
         description="Concurrent sandboxes per org (per-org overrides: playrun capacity set).")
@@ -285,7 +134,7 @@ class Settings(BaseSettings):
         default="127.0.0.1:9466",
         description="host:port of the gateway's metrics listener (never its runtime port).")
     metrics_dir: Path = Field(
-        default=_HOME / "metrics",
+        default=PLAYRUN_HOME / "metrics",
         description="Worker children's multiprocess files, and every listener's URL file.")
     metrics_top_orgs: int = Field(
         default=20, ge=0, le=1000,

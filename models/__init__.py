@@ -2,6 +2,7 @@
 
 from models.base import Base, JSONType, UTCDateTime, db_now, new_id
 from models.placement import OrgPlacement, PlacementPolicy
+from models.pools import PoolMember, WarmPool
 from models.receipts import WorkReceipt
 from models.resources import CapacityLease, CapacityOrg, RuntimeResource, TrafficPolicy
 from models.runs import Attempt, EventDelivery, Outbox, PlayBundle, Run, RunEvent
@@ -18,6 +19,7 @@ __all__ = [
     "Outbox",
     "PlacementPolicy",
     "PlayBundle",
+    "PoolMember",
     "Run",
     "RunEvent",
     "RuntimeResource",
@@ -26,6 +28,7 @@ __all__ = [
     "SheetWriteIntent",
     "TrafficPolicy",
     "UTCDateTime",
+    "WarmPool",
     "WorkReceipt",
     "db_now",
     "new_id",

@@ -88,6 +88,16 @@ class IntentStatus(enum.StrEnum):
     ADMITTED = "admitted"
 
 
+class PoolMemberState(enum.StrEnum):
+    """pool_members.state: a warm sandbox's life (tasks/acquisition/pools/)."""
+
+    CREATING = "creating"  # a refill is making it
+    READY = "ready"  # its standby runner waits for an assignment
+    CLAIMED = "claimed"  # handed to exactly one attempt, whose sandbox it now is
+    RETIRING = "retiring"  # expired, surplus, silent or its pool removed: to delete
+    GONE = "gone"  # deleted
+
+
 class EventKind(enum.StrEnum):
     """run_events.kind: the ledger (docs/contract.md)."""
 
@@ -113,6 +123,8 @@ class EventKind(enum.StrEnum):
     LEDGER_BUDGET_SPENT = "ledger.budget_spent"
     # The gateway refused an attempt's request past its rate or its hard budget.
     GATEWAY_REFUSED = "gateway.refused"
+    POOL_CLAIMED = "pool.claimed"
+    POOL_MISSED = "pool.missed"
     RUNNER_LOST = "runner.lost"
     RUNNER_UNREACHABLE = "runner.unreachable"
     SUCCEEDED = "run.succeeded"
@@ -170,6 +182,8 @@ LABEL_GENERATION: Final = "playrun.generation"
 LABEL_ORG: Final = "playrun.org"
 LABEL_LEASE: Final = "playrun.lease"
 LABEL_FLEET: Final = "playrun.fleet"
+LABEL_POOL: Final = "playrun.pool"  # a warm sandbox's pool (no run label until claimed)
+LABEL_MEMBER: Final = "playrun.member"
 
 # Files a runner leaves in its sandbox.
 RESULT_FILE: Final = protocol.RESULT_FILE
@@ -182,7 +196,7 @@ RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
 RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
 # The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0011"
+SCHEMA_REVISION: Final = "0012"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -210,6 +224,8 @@ RELEASE_BATCH_WINDOW_S: Final = 0.05  # a release waits at most this past the la
 MAX_LEASE_TOKEN_CHARS: Final = 64  # attempts.lease_token's column
 TASK_INSPECT_ATTEMPT: Final = "playrun.inspect_attempt"
 TASK_CANCEL_ATTEMPT: Final = "playrun.cancel_attempt"
+TASK_POOL_TICK: Final = "playrun.pool_tick"  # beat: each pool's hygiene, then its refills
+TASK_POOL_REFILL: Final = "playrun.pool_refill"  # on a worker that serves the pool's provider
 # Per-host queues for sandboxes only their host can reach (the `local` provider).
 HOST_QUEUE_PREFIX: Final = "playrun.host."
 
@@ -226,6 +242,18 @@ KEY_HELD_STARTS: Final = f"{KEY_PREFIX}:held-messages:"  # hash: task id -> run 
 KEY_SERVED_PROVIDERS: Final = f"{KEY_PREFIX}:served-providers"
 # string per provider: creates failed in a row (transport, auth); expiring opens nothing
 KEY_PROVIDER_CIRCUIT: Final = f"{KEY_PREFIX}:circuit:"
+# Warm pools: a pub/sub channel that wakes standby runners' waits at the gateway, a hash of
+# counters per pool, a refill lock and back-off per pool and host, hosts that keep local pools.
+KEY_POOL_ASSIGNED: Final = f"{KEY_PREFIX}:pool:assigned"
+KEY_POOL_STATS: Final = f"{KEY_PREFIX}:pool:stats:"
+KEY_POOL_REFILL: Final = f"{KEY_PREFIX}:pool:refill:"
+KEY_POOL_BACKOFF: Final = f"{KEY_PREFIX}:pool:backoff:"
+KEY_POOL_HOSTS: Final = f"{KEY_PREFIX}:pool:hosts"
+# Set while runs wait on a provider's start rate: its pools' refills yield to them.
+KEY_POOL_YIELD: Final = f"{KEY_PREFIX}:pool:yield:"
+POOL_STATS: Final = ("claims", "misses", "refills", "refill_errors", "expiries", "retired")
+# The pool of runs that name no placement policy.
+DEFAULT_POOL: Final = "default"
 # Per-minute start-rate samples for the dashboard: one hash per bucket and minute, and
 # the set of buckets that wrote any (tasks/acquisition/starthistory.py).
 KEY_START_HISTORY: Final = f"{KEY_PREFIX}:starthist:"

@@ -125,6 +125,18 @@ class PlacementUnservedError(InputInvalidError):
     code = "PLACEMENT_UNSERVED"
 
 
+class PoolInvalidError(InputInvalidError):
+    """The warm pool request is not valid (bounds, time to live, provider)."""
+
+    code = "POOL_INVALID"
+
+
+class PoolUnknownError(InputInvalidError):
+    """No warm pool has this name."""
+
+    code = "POOL_UNKNOWN"
+
+
 class DurationInvalidError(InputInvalidError):
     """The duration is not like 30s, 10m, 1h30m or 2d."""
 

@@ -23,6 +23,7 @@ RUNNER_STEPS_FILE: Final = "playrun_steps.py"
 RUNNER_SHEETS_FILE: Final = "playrun_sheets.py"
 RUNNER_SHEETROWS_FILE: Final = "playrun_sheetrows.py"
 PROTOCOL_FILE: Final = "playrun_protocol.py"
+RUNNER_STANDBY_FILE: Final = "playrun_standby.py"
 
 # Codes a runner fails a run with (its result file's `code`).
 PLAY_NOT_FOUND: Final = "PLAY_NOT_FOUND"
@@ -102,6 +103,8 @@ ACTION_SHEET_WRITE: Final = "sheet_write"
 ACTION_SHEET_READ: Final = "sheet_read"
 # Sent by a sandbox's supervisor or boot script, never the runner: the runner's process ended.
 ACTION_EXITED: Final = "exited"
+# A warm sandbox's standby runner waits for its assignment (a run's play, input and tokens).
+ACTION_STANDBY: Final = "standby"
 ACTIONS: Final = frozenset(
     {
         ACTION_HEARTBEAT,
@@ -115,6 +118,7 @@ ACTIONS: Final = frozenset(
         ACTION_SHEET_WRITE,
         ACTION_SHEET_READ,
         ACTION_EXITED,
+        ACTION_STANDBY,
     }
 )
 GATEWAY_PATH: Final = "/v1/runtime"

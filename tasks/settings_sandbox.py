@@ -92,3 +92,15 @@ class SandboxSettings(BaseSettings):
         default="default", min_length=1, max_length=40, pattern=r"^[a-z0-9][a-z0-9-]*$",
         description="Label on every sandbox; garbage collection deletes only its own "
                     "fleet's orphans.")
+    pool_tick_s: float = Field(
+        default=1.0, gt=0, le=60,
+        description="How often beat checks warm pools: retires expired, silent and surplus "
+                    "members, then asks for refills.")
+    pool_standby_wait_s: float = Field(
+        default=10.0, ge=1, le=60,
+        description="How long the gateway holds a warm sandbox's call for its assignment; "
+                    "a ready member silent for three of these is replaced.")
+    pool_refill_backoff_max_s: float = Field(
+        default=60.0, ge=1,
+        description="The longest a pool waits to refill after failed creates (doubling "
+                    "from one tick).")

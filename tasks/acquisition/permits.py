@@ -104,6 +104,22 @@ def acquire(provider: str, policy: Policy, settings: Settings,
                           permit.degraded)
 
 
+def acquire_now(provider: str, policy: Policy, settings: Settings,
+                published_per_min: float | None = None) -> PermitDecision:
+    """A permit only if a slot is free now (a warm pool's refill): slots runs have reserved
+    ahead stay theirs, so refills take what runs leave."""
+    successes = _take(provider)
+    rules = _rules(provider, policy, settings, published_per_min)
+    permit = _limiter(settings.redis_url, os.getpid(), 0).acquire(
+        provider, rules, observed_successes=successes)
+    if not permit.granted or permit.degraded:
+        _give_back(provider, successes)
+    starthistory.record_permit(provider, permit)
+    metrics.permit(provider, permit.granted)
+    return PermitDecision(permit.granted, permit.wait_ms, permit.epoch, permit.rate,
+                          permit.degraded)
+
+
 def penalize(provider: str, policy: Policy, epoch: int, settings: Settings,
              published_per_min: float | None = None, *, retry_after_s: float | None = None,
              refused_rate: float | None = None) -> bool:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 import sqlalchemy as sa
@@ -22,6 +23,7 @@ from models import Attempt, CapacityLease, Run
 from tasks.acquisition import capacity
 from tasks.admission.placement import Policy, order, policy_named
 from tasks.constants import (
+    KEY_POOL_HOSTS,
     KEY_PROVIDER_CIRCUIT,
     KEY_SERVED_PROVIDERS,
     LABEL_GENERATION,
@@ -32,6 +34,7 @@ from tasks.constants import (
 from tasks.errors import CapacityExceededError
 from tasks.observe import metrics
 from tasks.sandbox import ProviderError, SandboxProvider
+from tasks.sandbox.runtime import host_queue
 from tasks.settings import Settings
 from tasks.store import ledger
 from tasks.store.db import session_scope
@@ -49,8 +52,24 @@ _announced = {"at": 0.0}
 def announce(served: tuple[str, ...]) -> None:
     """Tell `placement set` which providers this worker serves."""
     until = time.time() + ANNOUNCE_S
-    redis_client().hset(KEY_SERVED_PROVIDERS, mapping={name: f"{until:.0f}" for name in served})
+    client = redis_client()
+    client.hset(KEY_SERVED_PROVIDERS, mapping={name: f"{until:.0f}" for name in served})
+    local = host_queue("local") if "local" in served else None
+    if local is not None:  # warm local sandboxes are kept per host: beat asks each host
+        client.hset(KEY_POOL_HOSTS, local, f"{until:.0f}")
     _announced["at"] = time.monotonic()
+
+
+def pool_hosts(now: float | None = None) -> list[str]:
+    """The host queues of workers serving `local` that announced themselves lately."""
+    raw: dict[Any, Any] = redis_client().hgetall(KEY_POOL_HOSTS)  # type: ignore[assignment]
+    now = time.time() if now is None else now
+    out = []
+    for name, until in raw.items():
+        with contextlib.suppress(TypeError, ValueError):
+            if float(until) > now:
+                out.append(name.decode() if isinstance(name, bytes) else str(name))
+    return sorted(out)
 
 
 def renew(served: tuple[str, ...]) -> None:

@@ -19,6 +19,7 @@ from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Claimed, Skipped, claim
 from tasks.acquisition.deferral import defer
 from tasks.acquisition.first_start import first_start
+from tasks.acquisition.pools import stats as pool_stats
 from tasks.acquisition.sandbox import create
 from tasks.constants import CAPACITY_EXCEEDED_MESSAGE, SANDBOX_START_FAILED
 from tasks.errors import CapacityExceededError
@@ -133,10 +134,12 @@ _DEFERRED = Acquired(Step.DEFERRED)
 
 
 def acquire_sandbox(opened: Opened, settings: Settings, routed: str | None = None,
-                    past_permit: Callable[[], None] | None = None) -> Acquired:
+                    past_permit: Callable[[], None] | None = None,
+                    missed_pool: str | None = None) -> Acquired:
     """Raises FenceLostError when the attempt lost its fence on the way. `routed`: the
     provider the start message was placed on, if any; `past_permit` is called once a
-    start permit is decided (the fair relay's window)."""
+    start permit is decided (the fair relay's window); `missed_pool`: the warm pool that
+    had no sandbox for this attempt (its create records the miss)."""
     claimed, policy = opened.claimed, opened.policy
     fence = claimed.fence
     if policy.mode == traffic.HOLD:
@@ -165,10 +168,11 @@ def acquire_sandbox(opened: Opened, settings: Settings, routed: str | None = Non
     if placed is None:
         own = routed if routed in settings.served else settings.primary_provider
         got = _create_on(provider_for(own), claimed, policy, lease_id, settings,
-                         can_fail_over=False, past_permit=past_permit)
+                         can_fail_over=False, past_permit=past_permit, missed_pool=missed_pool)
         assert isinstance(got, Acquired)
         return got
-    return _create_placed(placed, pooled, claimed, policy, lease_id, settings, past_permit)
+    return _create_placed(placed, pooled, claimed, policy, lease_id, settings, past_permit,
+                          missed_pool)
 
 
 def pool_provider(routed: str | None, settings: Settings) -> str:
@@ -178,7 +182,8 @@ def pool_provider(routed: str | None, settings: Settings) -> str:
 
 def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
                    policy: traffic.Policy, lease_id: str, settings: Settings,
-                   past_permit: Callable[[], None] | None) -> Acquired:
+                   past_permit: Callable[[], None] | None,
+                   missed_pool: str | None = None) -> Acquired:
     """Each candidate provider in turn, within this attempt and its one capacity lease."""
     fence = claimed.fence
     name_of = placed.policy.name
@@ -207,7 +212,7 @@ def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
         provider = provider_for(name)
         got = _create_on(provider, claimed, policy, lease_id, settings,
                          can_fail_over=index < last, resume_on=placed.candidates[0][0],
-                         past_permit=past_permit)
+                         past_permit=past_permit, missed_pool=missed_pool if index == 0 else None)
         if isinstance(got, Acquired):
             return got
         try:
@@ -225,7 +230,8 @@ def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
 def _create_on(provider: SandboxProvider, claimed: Claimed, policy: traffic.Policy,
                lease_id: str, settings: Settings, *, can_fail_over: bool,
                resume_on: str | None = None,
-               past_permit: Callable[[], None] | None = None) -> Acquired | str:
+               past_permit: Callable[[], None] | None = None,
+               missed_pool: str | None = None) -> Acquired | str:
     """Permit and create on one provider: the Acquired step, or the cause (an error kind)
     to fail over for. A rate limit defers on this provider; a refusal of the last
     candidate defers the attempt to `resume_on` (the first) for a later full pass."""
@@ -239,11 +245,12 @@ def _create_on(provider: SandboxProvider, claimed: Claimed, policy: traffic.Poli
     if decision.granted:
         metrics.start(claimed.org_id)
     else:
+        pool_stats.note_waiting(provider.name)  # its warm pools' refills yield to runs
         defer(fence, "throttle", settings, at_least_ms=decision.wait_ms, provider=here,
               detail=f"start rate {decision.rate:g}/min")
         return _DEFERRED
     try:
-        ref = create(provider, claimed, settings, lease_id)
+        ref = create(provider, claimed, settings, lease_id, missed_pool)
     except ProviderError as exc:
         metrics.provider_create(provider.name, exc.kind)
         if exc.kind in ("transport", "auth"):

@@ -17,6 +17,7 @@ from tasks.cli.output import as_coded, timeline
 from tasks.cli.output import console as plain_console
 from tasks.cli.output import view_dict as _view_dict
 from tasks.cli.placement import placement_app
+from tasks.cli.pools import pool_app
 from tasks.cli.providers import gc, providers_app
 from tasks.cli.records import receipts_app, sheet_app
 from tasks.constants import MAX_STATS_WINDOW_S, RunStatus
@@ -59,6 +60,7 @@ app.add_typer(receipts_app, name="receipts")
 app.add_typer(sheet_app, name="sheet")
 app.add_typer(providers_app, name="providers")
 app.add_typer(placement_app, name="placement")
+app.add_typer(pool_app, name="pool")
 console = plain_console()
 
 

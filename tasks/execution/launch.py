@@ -20,8 +20,10 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Run, db_now
 from tasks.acquisition import capacity
+from tasks.acquisition.pools.claim import Claim, claim_in, wake
+from tasks.acquisition.pools.config import Pool
 from tasks.acquisition.sandbox import record_for_cleanup, record_live_in
-from tasks.constants import RUNNER_FILE
+from tasks.constants import LABEL_MEMBER, LABEL_POOL, RUNNER_FILE, EventKind
 from tasks.errors import FenceLostError
 from tasks.execution import launch_record
 from tasks.observe import metrics
@@ -29,6 +31,7 @@ from tasks.sandbox import ExitReport, ExitReporting, ProviderError, SandboxProvi
 from tasks.sandbox.runtime import host_queue
 from tasks.security import tokens
 from tasks.settings import Settings
+from tasks.store import ledger
 from tasks.store.db import after_commit, driver_cursor, session_scope
 from tasks.store.fence import Fence, hold
 
@@ -79,16 +82,11 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
         if done:
             return mark
 
-    def promote(session: Session, ref: SandboxRef) -> None:
-        if lease_id is not None:
-            capacity.promote(session, fence, lease_id, ref.provider, ref.sandbox_id)
-            if settings.provider_max_live is not None:
-                capacity.promote_pool(session, fence, ref.provider, ref.sandbox_id)
-
     try:
         with session_scope() as session:
             if sandbox is not None:
-                run, attempt = record_live_in(session, fence, sandbox, promote)
+                run, attempt = record_live_in(session, fence, sandbox,
+                                              _promoter(fence, lease_id, settings))
             else:
                 run, attempt = hold(session, fence)
             if run.cancel_requested_at is not None:
@@ -98,6 +96,41 @@ def record_launch(fence: Fence, settings: Settings, sandbox: SandboxRef | None =
         if sandbox is not None:
             record_for_cleanup(fence, sandbox, "reported after the attempt lost its fence")
         raise
+
+
+def _promoter(fence: Fence, lease_id: str | None,
+              settings: Settings) -> Callable[[Session, SandboxRef], None]:
+    """Promotes the attempt's capacity lease (and its provider slot) to the sandbox."""
+    def promote(session: Session, ref: SandboxRef) -> None:
+        if lease_id is not None:
+            capacity.promote(session, fence, lease_id, ref.provider, ref.sandbox_id)
+            if settings.provider_max_live is not None:
+                capacity.promote_pool(session, fence, ref.provider, ref.sandbox_id)
+    return promote
+
+
+def launch_warm(fence: Fence, pool: Pool, lease_id: str | None,
+                settings: Settings) -> tuple[Launch, Claim] | None:
+    """Claim a warm sandbox of `pool` and record it live and launched, in one durable
+    transaction; None (nothing written) when the pool has no ready member. Its standby
+    runner takes the assignment from the gateway: there is no exec to lose."""
+    launch_id = secrets.token_hex(16)
+    with session_scope() as session:
+        hold(session, fence)  # the run row first, as every writer locks: then the member
+        claim = claim_in(session, pool, fence)
+        if claim is None:
+            return None
+        ref = SandboxRef(claim.provider, claim.sandbox_id,
+                         {LABEL_POOL: claim.pool, LABEL_MEMBER: claim.member_id},
+                         claim.created_at)
+        run, attempt = record_live_in(session, fence, ref, _promoter(fence, lease_id, settings))
+        ledger.append(session, fence.run_id, EventKind.POOL_CLAIMED,
+                      {"pool": claim.pool, "sandbox_id": claim.sandbox_id}, fence.generation)
+        if run.cancel_requested_at is not None:
+            return Launch.CANCELLED, claim  # on record: the release deletes the sandbox
+        _mark(session, run, attempt, launch_id, settings)
+    wake(claim.member_id)
+    return Launch.LAUNCHED, claim
 
 
 def _record_fast(fence: Fence, settings: Settings, sandbox: SandboxRef, lease_id: str | None,

@@ -288,8 +288,20 @@ class Runner:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run play.py from the current directory.")
     parser.add_argument("--timeout", type=float, required=True, help="wall clock, seconds")
+    parser.add_argument("--standby", action="store_true",
+                        help="a warm sandbox: wait (up to --timeout) for a run to be assigned")
     args = parser.parse_args(argv)
-    code = Runner(Path.cwd(), args.timeout).main()
+    timeout = args.timeout
+    if args.standby:
+        if TYPE_CHECKING or __package__:
+            from tasks.execution import runner_standby as standby
+        else:
+            import playrun_standby as standby
+        assignment = standby.await_assignment(timeout)
+        if assignment is None:
+            os._exit(0)  # retired or its life over: nothing ran
+        timeout = standby.take(assignment, Path.cwd())
+    code = Runner(Path.cwd(), timeout).main()
     # os._exit: threads the play left running must not keep the process (or the sandbox) up.
     os._exit(code)
 

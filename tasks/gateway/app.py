@@ -43,6 +43,7 @@ from tasks.gateway.budgets import retry_after_header
 from tasks.gateway.fleet.limits import Hold, limits_for
 from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher, Send
+from tasks.gateway.wakeups import Wakeups
 from tasks.parse import untrusted
 from tasks.security import tokens
 from tasks.settings import Settings
@@ -202,6 +203,7 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
     # the refusals' ledger rows are this process's own.
     limits = limits_for(settings)
     ctx = Context(settings=settings, beats=beats, releases=releases,
+                  wakeups=Wakeups(settings.redis_url),
                   refusals=Refusals(settings.gateway_abuse_refusals,
                                     settings.gateway_abuse_window_s,
                                     shared=limits if limits.store is not None else None))

@@ -13,15 +13,17 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from models import Attempt, Run, RuntimeResource, db_now
+from models import Attempt, PoolMember, Run, RuntimeResource, db_now
 from tasks.constants import (
     LABEL_FLEET,
     LABEL_GENERATION,
     LABEL_MANAGED,
+    LABEL_MEMBER,
     LABEL_RUN,
     TERMINAL_STATUSES,
     AttemptState,
     EventKind,
+    PoolMemberState,
     SandboxState,
 )
 from tasks.sandbox import SandboxProvider, SandboxRef
@@ -42,13 +44,32 @@ class GcReport:
     failed: list[tuple[str, str, str]] = field(default_factory=list)
 
 
+def _member(ref: SandboxRef) -> tuple[str | None, str | None, int | None]:
+    """A warm sandbox's verdict from its pool member: (why it goes, or None with the run
+    and generation that claimed it, which then own it as any attempt owns its sandbox)."""
+    with session_scope(readonly=True) as session:
+        member = session.get(PoolMember, ref.labels.get(LABEL_MEMBER, ""))
+    if member is None:
+        return "no owner: no such pool member", None, None
+    if member.state in (PoolMemberState.CREATING, PoolMemberState.READY):
+        return None, None, None  # the pool keeps it; hygiene retires it when due
+    if member.state != PoolMemberState.CLAIMED or member.run_id is None:
+        return f"pool member is {member.state}", None, None
+    return None, member.run_id, member.generation
+
+
 def verdict(ref: SandboxRef) -> str | None:
     """Why this sandbox should go, or None to keep it."""
     run_id = ref.labels.get(LABEL_RUN)
     try:
         generation = int(ref.labels.get(LABEL_GENERATION, ""))
     except ValueError:
-        return "no owner: unreadable generation label"
+        if LABEL_MEMBER not in ref.labels:
+            return "no owner: unreadable generation label"
+        why, run_id, claimed = _member(ref)
+        if why is not None or run_id is None or claimed is None:
+            return why
+        generation = claimed
     with session_scope() as session:
         run = session.get(Run, run_id) if run_id else None
         if run is None:

@@ -6,7 +6,13 @@ from typing import Any
 
 from celery.beat import Scheduler
 
-from tasks.constants import MAINTENANCE_QUEUE, TASK_REAP, TASK_SANDBOX_GC, TASK_SWEEP_OUTBOX
+from tasks.constants import (
+    MAINTENANCE_QUEUE,
+    TASK_POOL_TICK,
+    TASK_REAP,
+    TASK_SANDBOX_GC,
+    TASK_SWEEP_OUTBOX,
+)
 from tasks.errors import PlayrunError
 from tasks.settings import get_settings
 from tasks.store.db import require_current_schema
@@ -27,6 +33,7 @@ class CheckedScheduler(Scheduler):
                                      "schedule": settings.sweep_interval_s},
             "playrun-reap": {"task": TASK_REAP, "schedule": settings.reap_interval_s},
             "playrun-sandbox-gc": {"task": TASK_SANDBOX_GC, "schedule": settings.gc_interval_s},
+            "playrun-pool-tick": {"task": TASK_POOL_TICK, "schedule": settings.pool_tick_s},
         }
         for entry in entries.values():
             # Maintenance that misses its slot is just late; never let copies pile up.

@@ -64,6 +64,9 @@ class _Metrics:
         self.placements = Counter("playrun_placements_total",
                                   "Providers placement chose, by provider and reason.",
                                   ["provider", "reason"])
+        self.pool_claims = Counter("playrun_pool_claims_total",
+                                   "Starts that asked a warm pool, by pool and result "
+                                   "(claimed, missed).", ["pool", "result"])
         self.deferrals = Counter("playrun_deferrals_total",
                                  "Pre-code deferrals scheduled, by cause.", ["cause"])
         self.runners_lost = Counter("playrun_runners_lost_total",
@@ -186,6 +189,11 @@ def failover(provider: str, cause: str) -> None:
 def placed(provider: str, reason: str) -> None:
     if (m := _get()) is not None:
         m.placements.labels(provider, reason.split(" ", 1)[0]).inc()
+
+
+def pool_claim(pool: str, result: str) -> None:
+    if (m := _get()) is not None:
+        m.pool_claims.labels(pool, result).inc()
 
 
 def deferred(cause: str) -> None:

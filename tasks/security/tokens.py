@@ -25,6 +25,8 @@ STEP_WRITE = "step.write"
 SHEET_WRITE = "sheet.write"
 SHEET_READ = "sheet.read"
 RUN_EXIT = "run.exit"
+# A warm sandbox's standby runner: it can ask for its assignment and nothing else.
+POOL_STANDBY = "pool.standby"
 
 RUNNER_CAPABILITIES = (RUN_HEARTBEAT, RUN_COMPLETE, STEP_WRITE, SHEET_WRITE, SHEET_READ)
 # The narrow token that delivers progress: it can append to the ledger and nothing else.
@@ -33,7 +35,8 @@ PROJECTION_CAPABILITIES = (RUN_LEDGER_PROJECT,)
 # never in the play's environment).
 EXIT_CAPABILITIES = (RUN_EXIT,)
 # Each narrow capability comes alone in its token: a token with it can do nothing more.
-_ALONE = (RUN_LEDGER_PROJECT, RUN_EXIT)
+STANDBY_CAPABILITIES = (POOL_STANDBY,)
+_ALONE = (RUN_LEDGER_PROJECT, RUN_EXIT, POOL_STANDBY)
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,24 @@ from celery import Task
 
 from models import Attempt, Run, db_now
 from tasks.acquisition import placement
+from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Skip, Skipped, seconds_until_due
 from tasks.acquisition.deferral import defer
 from tasks.acquisition.fairshare import relay as fair_relay
-from tasks.acquisition.start import Step, acquire_sandbox, open_attempt
+from tasks.acquisition.pools import claim as pool_claim
+from tasks.acquisition.pools import hygiene
+from tasks.acquisition.pools import stats as pool_stats
+from tasks.acquisition.pools.refill import refill
+from tasks.acquisition.start import Opened, Step, acquire_sandbox, open_attempt
 from tasks.admission.relay import publish_due, resend_stale
-from tasks.broker.app import app
+from tasks.broker.app import app, provider_queue
 from tasks.constants import (
     RUNTIME_RUNNER_LOST,
     SANDBOX_START_FAILED,
     TASK_CANCEL_ATTEMPT,
     TASK_INSPECT_ATTEMPT,
+    TASK_POOL_REFILL,
+    TASK_POOL_TICK,
     TASK_REAP,
     TASK_RELEASE_ATTEMPT,
     TASK_RELEASE_ATTEMPTS,
@@ -40,11 +47,12 @@ from tasks.constants import (
 )
 from tasks.errors import FenceLostError
 from tasks.execution.inspect import Verdict, inspect
-from tasks.execution.launch import Launch, launch
+from tasks.execution.launch import Launch, launch, launch_warm
 from tasks.maintenance import held
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import reap
 from tasks.maintenance.trouble import note_failure
+from tasks.observe import metrics
 from tasks.release.attempt import release_attempt, release_attempts
 from tasks.release.finish import finish
 from tasks.release.sandboxes import release_sandboxes
@@ -97,7 +105,10 @@ def _start(self: Task, run_id: str, routed: str | None, settings: Settings,
     claimed = opened.claimed
     fence = claimed.fence
     try:
-        acquired = acquire_sandbox(opened, settings, routed, past_permit)
+        warm, missed = _start_warm(opened, settings, routed)
+        if warm is not None:
+            return warm
+        acquired = acquire_sandbox(opened, settings, routed, past_permit, missed)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:
@@ -124,6 +135,63 @@ def _start(self: Task, run_id: str, routed: str | None, settings: Settings,
         # The runner may have started: never retried; its heartbeats or an inspection decide.
         log.warning("launch of run %s unconfirmed (%s)", run_id, launched.error)
     return launched.step.value
+
+
+def _start_warm(opened: Opened, settings: Settings,
+                routed: str | None) -> tuple[str | None, str | None]:
+    """A warm sandbox for the attempt, if its pool has one: (the launch's step, None); or
+    (None, the pool that had none); or (None, None) when no pool applies."""
+    if (opened.lease_id is None or opened.full is not None or opened.provider_full
+            or opened.policy.mode == traffic.HOLD):
+        return None, None
+    fence = opened.claimed.fence
+    pool = pool_claim.applicable(fence, routed, settings)
+    if pool is None:
+        return None, None
+    got = launch_warm(fence, pool, opened.lease_id, settings)
+    ask_refill(pool.name, pool.provider, pool_claim.host_of(pool.provider))
+    if got is None:
+        pool_stats.count(pool.name, "misses")
+        metrics.pool_claim(pool.name, "missed")
+        return None, pool.name
+    step, _claim = got
+    pool_stats.count(pool.name, "claims")
+    metrics.pool_claim(pool.name, "claimed")
+    if step == Launch.CANCELLED:
+        finish(fence, CANCELLED_OUTCOME, CANCEL_REASON)
+    return step.value, None
+
+
+def ask_refill(name: str, provider_name: str, host: str) -> None:
+    """One refill task where the pool's sandboxes can be made (dropped if not taken soon)."""
+    expires = max(3 * get_settings().pool_tick_s, 5.0)
+    queue_name = host or provider_queue(provider_name)
+    try:
+        pool_refill.apply_async((name, host), queue=queue_name, expires=expires)
+    except Exception as exc:  # noqa: BLE001 - beat's next tick asks again
+        log.warning("cannot ask for a refill of pool %s: %s", name, exc)
+
+
+@app.task(name=TASK_POOL_REFILL, ignore_result=True)
+def pool_refill(name: str, host: str = "") -> dict[str, Any]:
+    """Delete a pool's retired members here, then refill it (tasks/acquisition/pools)."""
+    report = refill(name, get_settings(), host)
+    return report.__dict__
+
+
+@app.task(name=TASK_POOL_TICK)
+def pool_tick() -> dict[str, Any]:
+    """Beat: retire what pools no longer keep, then ask for each refill where it can run."""
+    report = hygiene.tick(get_settings())
+    hosts: list[str] | None = None
+    for name, provider_name, host in report.refills:
+        if provider_name == "local" and not host:
+            hosts = placement.pool_hosts() if hosts is None else hosts
+            for each in hosts:
+                ask_refill(name, provider_name, each)
+        else:
+            ask_refill(name, provider_name, host)
+    return {"retired": report.retired, "refills": len(report.refills)}
 
 
 @app.task(name=TASK_RELEASE_ATTEMPT, ignore_result=True)

@@ -4,9 +4,10 @@ has a body bound of its own (a beat needs bytes, a result document megabytes).""
 from __future__ import annotations
 
 from tasks import protocol
-from tasks.gateway.actions import complete, events, exited, heartbeat, sheets, steps
+from tasks.gateway.actions import complete, events, exited, heartbeat, sheets, standby, steps
 from tasks.gateway.actions.base import KIB, Action, ActionRequest, Context
 from tasks.security.tokens import (
+    POOL_STANDBY,
     RUN_COMPLETE,
     RUN_EXIT,
     RUN_HEARTBEAT,
@@ -36,6 +37,8 @@ ACTIONS: dict[str, Action] = {
                4096 * KIB),
         Action(protocol.ACTION_SHEET_READ, SHEET_READ, sheets.SheetRead, sheets.read, 256 * KIB),
         Action(protocol.ACTION_EXITED, RUN_EXIT, exited.Exited, exited.handle, 4 * KIB),
+        Action(protocol.ACTION_STANDBY, POOL_STANDBY, standby.Standby, standby.handle,
+               4 * KIB),
     )
 }
 

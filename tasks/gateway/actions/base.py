@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -11,8 +11,9 @@ from pydantic import BaseModel, ConfigDict
 from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher, Send
+from tasks.gateway.wakeups import Wakeups
 from tasks.security.tokens import Grant
-from tasks.settings import Settings
+from tasks.settings import Settings, get_settings
 from tasks.store.fence import LaunchFence
 
 
@@ -32,6 +33,8 @@ class Context:
     releases: ReleaseBatcher
     # Each attempt's refused requests: rows still to write before its terminal.
     refusals: Refusals
+    # Wakes warm sandboxes' standby calls when their assignment is ready.
+    wakeups: Wakeups = field(default_factory=lambda: Wakeups(get_settings().redis_url))
 
     @property
     def send(self) -> Send:

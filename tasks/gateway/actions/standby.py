@@ -1,0 +1,72 @@
+"""`standby`: a warm sandbox's runner asks for its assignment (tasks/acquisition/pools/).
+
+Its token names a pool member, not a run, and can do nothing else. While the member is
+ready the call is held (up to PLAYRUN_POOL_STANDBY_WAIT_S) and its last call recorded, so
+a standby that goes silent is replaced; once an attempt has claimed it (claim and launch
+record are one transaction) the answer is the run's play, input and the launch's own
+tokens. An attempt that ended first, or a retired member, is told to stop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
+
+from models import Attempt, PlayBundle, PoolMember, Run, db_now
+from tasks.constants import AttemptState, PoolMemberState, RunStatus
+from tasks.execution.launch import runner_env
+from tasks.gateway.actions.base import ActionRequest, Context
+from tasks.security.tokens import Grant
+from tasks.settings import Settings
+from tasks.store.db import session_scope
+from tasks.store.fence import Fence
+
+
+class Standby(ActionRequest):
+    action: Literal["standby"]
+    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
+
+
+def look(member_id: str, settings: Settings) -> dict[str, Any] | None:
+    """The answer for the member now; None while it is ready and unclaimed."""
+    with session_scope() as session:
+        member = session.get(PoolMember, member_id, with_for_update=True)
+        if member is None or member.state in (PoolMemberState.RETIRING, PoolMemberState.GONE):
+            return {"assigned": False, "stop": True, "reason": "this warm sandbox is retired"}
+        if member.state != PoolMemberState.CLAIMED:
+            member.seen_at = db_now()
+            return None
+        row = session.execute(sa.select(
+            Run.org_id, Run.input, Run.status, Run.current_generation, PlayBundle.source,
+            Attempt.launch_id, Attempt.lease_token, Attempt.state, sa.select(db_now())
+            .scalar_subquery(),
+        ).join(Attempt, Attempt.run_id == Run.id).join(
+            PlayBundle, PlayBundle.digest == Run.play_digest).where(
+            Run.id == member.run_id, Attempt.generation == member.generation)).first()
+        if (row is None or row.status != RunStatus.RUNNING or row.launch_id is None
+                or row.state != AttemptState.ACTIVE or row.current_generation != member.generation):
+            return {"assigned": False, "stop": True,
+                    "reason": "the attempt that claimed this sandbox ended before it started"}
+        if member.delivered_at is None:
+            member.delivered_at = db_now()
+        fence = Fence(str(member.run_id), int(member.generation or 0), row.lease_token)
+        provider = member.provider
+        now = row[-1]
+    env = runner_env(fence, row.org_id, row.launch_id, settings, now.timestamp(), provider)
+    return {"assigned": True, "env": env, "play": row.source, "input": row.input,
+            "timeout_s": settings.run_timeout_s}
+
+
+async def handle(grant: Grant, request: Standby, ctx: Context) -> dict[str, Any]:
+    member_id = grant.run_id
+    deadline = time.monotonic() + min(request.wait_s, ctx.settings.pool_standby_wait_s)
+    while True:
+        answer = await run_in_threadpool(look, member_id, ctx.settings)
+        left = deadline - time.monotonic()
+        if answer is not None or left <= 0:
+            return answer or {"assigned": False}
+        await ctx.wakeups.wait(member_id, left)

@@ -241,6 +241,11 @@ def inspect_attempt(run_id: str, generation: int, lease_token: str,
     sandbox_id, past_deadline, sandbox_provider = found
     fence = Fence(run_id, generation, lease_token)
     try:
+        if pool_claim.withdraw(sandbox_provider, sandbox_id):
+            # A warm sandbox claimed for it never took the run: nothing ran, try again.
+            defer(fence, "worker_lost", get_settings(),
+                  detail="its warm sandbox never took the run")
+            return
         inspected = inspect(provider(sandbox_provider), sandbox_id,
                             past_deadline=past_deadline, reported=reported)
         if inspected.verdict == Verdict.KEEP:

@@ -124,3 +124,18 @@ def wake(member_id: str) -> None:
         redis_client().publish(KEY_POOL_ASSIGNED, member_id)
     except redis.RedisError:
         return
+
+
+def withdraw(provider: str | None, sandbox_id: str | None) -> bool:
+    """A warm claim whose standby never took the run (the play never ran): take it back,
+    so the standby can no longer take it, and say so; False for anything else. The row
+    lock orders this against the gateway's delivery (actions/standby.py)."""
+    if not provider or not sandbox_id or not cache.get():
+        return False
+    with session_scope() as session:
+        done = session.execute(sa.update(PoolMember).where(
+            PoolMember.provider == provider, PoolMember.sandbox_id == sandbox_id,
+            PoolMember.state == PoolMemberState.CLAIMED, PoolMember.delivered_at.is_(None),
+        ).values(state=PoolMemberState.GONE, last_error="its standby never took the run")
+            .execution_options(synchronize_session=False))
+        return bool(done.rowcount)  # type: ignore[attr-defined]

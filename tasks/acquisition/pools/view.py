@@ -17,12 +17,13 @@ def states() -> dict[str, dict[str, int]]:
     """Per pool: ready, refilling (being created), claiming (claimed, its standby not yet
     started on the run), retiring."""
     with session_scope(readonly=True) as session:
-        rows = session.execute(sa.select(
-            PoolMember.pool, PoolMember.state,
-            PoolMember.delivered_at.is_(None), sa.func.count()).where(PoolMember.state != PoolMemberState.GONE).group_by(
-            PoolMember.pool, PoolMember.state, PoolMember.delivered_at.is_(None))).all()
+        undelivered = PoolMember.delivered_at.is_(None)
+        rows = session.execute(
+            sa.select(PoolMember.pool, PoolMember.state, undelivered, sa.func.count())
+            .where(PoolMember.state != PoolMemberState.GONE)
+            .group_by(PoolMember.pool, PoolMember.state, undelivered)).all()
     out: dict[str, dict[str, int]] = {}
-    for pool, state, undelivered, n in rows:
+    for pool, state, not_yet, n in rows:
         counts = out.setdefault(pool, {"ready": 0, "refilling": 0, "claiming": 0,
                                        "retiring": 0})
         if state == PoolMemberState.READY:
@@ -31,7 +32,7 @@ def states() -> dict[str, dict[str, int]]:
             counts["refilling"] += int(n)
         elif state == PoolMemberState.RETIRING:
             counts["retiring"] += int(n)
-        elif state == PoolMemberState.CLAIMED and undelivered:
+        elif state == PoolMemberState.CLAIMED and not_yet:
             counts["claiming"] += int(n)
     return out
 

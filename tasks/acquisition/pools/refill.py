@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 import redis
@@ -49,6 +50,9 @@ log = logging.getLogger("playrun.pools")
 STANDBY_GRACE_S = 5.0
 # One refill task per pool and host at a time; a dead one's lock lapses after this.
 LOCK_MS = 120_000
+# One task starts at most this many, for at most this long (well inside its lock).
+MAX_STARTS = 16
+MAX_WORK_S = 60.0
 _LIVE = (LeaseState.RESERVED, LeaseState.LIVE)
 _KEPT = (PoolMemberState.CREATING, PoolMemberState.READY)
 
@@ -93,6 +97,7 @@ def refill(name: str, settings: Settings, host: str | None = None) -> RefillRepo
         return report
     try:
         provider = provider_for(pool.provider)
+        _orphans(name, here)
         report.deleted = delete_retired(name, provider, here)
         _start_members(pool, provider, here, settings, report)
     finally:
@@ -106,9 +111,13 @@ def _start_members(pool: Pool, provider: SandboxProvider, host: str, settings: S
     if _backing_off(pool.name, host):
         report.stopped = "backing off after errors"
         return
-    need = pool.min_ready - _kept(pool.name, host)
+    need = min(pool.min_ready - _kept(pool.name, host), MAX_STARTS)
     policy = None
+    until = time.monotonic() + MAX_WORK_S
     for _ in range(max(0, need)):
+        if time.monotonic() > until:
+            report.stopped = "this task's time is up"
+            return
         if stats.runs_waiting(pool.provider):
             report.stopped = "runs wait for the start rate"
             return
@@ -142,6 +151,16 @@ def _start_members(pool: Pool, provider: SandboxProvider, host: str, settings: S
         report.started += 1
         stats.count(pool.name, "refills")
     _clear_backoff(pool.name, host)
+
+
+def _orphans(name: str, host: str) -> None:
+    """Members left `creating` by a refill that died: only a refill (holding the lock, as
+    this one does) creates, so none of them is still being made."""
+    with session_scope() as session:
+        session.execute(sa.update(PoolMember).where(
+            PoolMember.pool == name, PoolMember.host == host,
+            PoolMember.state == PoolMemberState.CREATING,
+        ).values(state=PoolMemberState.RETIRING, last_error="its refill stopped midway"))
 
 
 def _kept(name: str, host: str) -> int:

@@ -31,14 +31,30 @@ class Standby(ActionRequest):
     wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
 
 
+_STOP = {"assigned": False, "stop": True, "reason": "this warm sandbox is retired"}
+
+
 def look(member_id: str, settings: Settings) -> dict[str, Any] | None:
     """The answer for the member now; None while it is ready and unclaimed."""
+    with session_scope(durable=False) as session:
+        # Unclaimed (the common answer): its call is recorded, not flushed to disk.
+        seen = session.execute(sa.update(PoolMember).where(
+            PoolMember.id == member_id, PoolMember.state.in_(
+                (PoolMemberState.READY, PoolMemberState.CREATING)),
+        ).values(seen_at=db_now()).returning(PoolMember.id)).first()
+    if seen is not None:
+        return None
+    return _deliver(member_id, settings)
+
+
+def _deliver(member_id: str, settings: Settings) -> dict[str, Any] | None:
+    """A claimed member's assignment, marked delivered (durably: from here the play may
+    run, so the attempt is never withdrawn and started again elsewhere)."""
     with session_scope() as session:
         member = session.get(PoolMember, member_id, with_for_update=True)
         if member is None or member.state in (PoolMemberState.RETIRING, PoolMemberState.GONE):
-            return {"assigned": False, "stop": True, "reason": "this warm sandbox is retired"}
+            return _STOP
         if member.state != PoolMemberState.CLAIMED:
-            member.seen_at = db_now()
             return None
         row = session.execute(sa.select(
             Run.org_id, Run.input, Run.status, Run.current_generation, PlayBundle.source,

@@ -24,7 +24,7 @@ from tasks.settings import reset_settings
 from tasks.store import db
 from tests.support.helpers import eventually, kinds
 from tests.support.paths import PLAYS, ROOT
-from tests.support.pgbouncer import SERVER_POOL, PgBouncer, pgbouncer  # noqa: F401
+from tests.support.pgbouncer import SERVER_POOL, PgBouncer, start_entrypoint
 from tests.support.runs import FAST_STARTS, HOST_FILES, close_open_runs
 from tests.support.session import PG_NAME
 from tests.support.sheets import PLAY_NAME, SHEET_PLAY
@@ -41,7 +41,7 @@ def org() -> str:
 
 
 @pytest.fixture(scope="module")
-def bounced(pgbouncer: PgBouncer, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+def bounced(pgbouncer: PgBouncer, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[dict[str, str]]:
     """The settings of every process of this module: the database through PgBouncer, and a
     gateway of its own (the session's one, on the direct URL, may be serving too)."""
@@ -80,7 +80,7 @@ def worker(bounced: dict[str, str], gateway: Gateway) -> Iterator[Worker]:
 
 
 def test_a_run_goes_end_to_end_through_pgbouncer(worker: Worker,
-                                                 pgbouncer: PgBouncer) -> None:  # noqa: F811
+                                                 pgbouncer: PgBouncer) -> None:
     # 13 s: the gateway renews the first lease (14 s) from the heartbeats after about 11 s.
     handle = tasks.submit_run(PLAYS / "sleepy.py", input={"seconds": 13}, org_id=org())
     assert handle.wait(timeout=60).status == "succeeded"
@@ -143,7 +143,7 @@ def test_the_reaper_settles_a_frozen_runner_through_pgbouncer(worker: Worker,
 
 
 def test_hot_statements_are_never_prepared_behind_pgbouncer(bounced: dict[str, str],
-                                                            pgbouncer: PgBouncer  # noqa: F811
+                                                            pgbouncer: PgBouncer
                                                             ) -> None:
     """psycopg prepares a statement run 5 times on a connection; behind a transaction
     pooler its next run may land on another server connection. Eight threads repeat one
@@ -206,3 +206,29 @@ def test_without_the_setting_a_pgbouncer_is_named_in_the_error(
         db.dispose_engines()
         monkeypatch.setenv("PLAYRUN_DB_PGBOUNCER", "true")
         reset_settings()
+
+
+def test_the_compose_images_entrypoint_pools_transactions(pg_url: str) -> None:
+    """deploy/pgbouncer/entrypoint.sh (docker-compose's pgbouncer service) run with this
+    machine's pgbouncer: clients log in with the password, and with one server connection
+    a second client is served as soon as the first one's transaction ends, while both
+    stay connected (session pooling would keep it waiting for the first to disconnect)."""
+    with start_entrypoint(password="compose-secret") as port:
+        url = f"postgresql://postgres:compose-secret@127.0.0.1:{port}/{PG_NAME}"
+        with pytest.raises(psycopg.OperationalError, match="authentication failed"):
+            psycopg.connect(url.replace("compose-secret", "wrong"), connect_timeout=5)
+        with psycopg.connect(url, prepare_threshold=None) as first, \
+                psycopg.connect(url, prepare_threshold=None, autocommit=True) as second:
+            first.execute("SELECT 1")  # a transaction open: the one server connection
+            answered = threading.Event()
+
+            def query() -> None:
+                second.execute("SELECT 2")
+                answered.set()
+
+            thread = threading.Thread(target=query)
+            thread.start()
+            assert not answered.wait(0.5)
+            first.commit()
+            assert answered.wait(10)
+            thread.join()

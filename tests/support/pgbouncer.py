@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy.engine import make_url
 
 from tasks.host.processes import die_with_parent, free_port
@@ -143,12 +142,50 @@ def running(pg_base: str) -> Iterator[PgBouncer]:
         bouncer.stop()
 
 
-@pytest.fixture(scope="module")
-def pgbouncer(pg_url: str) -> Iterator[PgBouncer]:
-    """PgBouncer (transaction pooling) in front of the session's migrated database."""
+
+ENTRYPOINT = Path(__file__).resolve().parents[2] / "deploy" / "pgbouncer" / "entrypoint.sh"
+
+
+@contextmanager
+def start_entrypoint(*, password: str) -> Iterator[int]:
+    """docker-compose's pgbouncer entrypoint, run here in front of the session's PostgreSQL
+    with one server connection; yields its port."""
     from tests.support.session import PG_BASE
 
-    if binary() is None:
-        pytest.skip("pgbouncer is not installed (.ci/run installs it)")
-    with running(PG_BASE) as bouncer:
-        yield bouncer
+    directory = Path(tempfile.mkdtemp(prefix="playrun-test-pgbouncer-compose-"))
+    host, upstream_port, user = _upstream(PG_BASE)
+    port = free_port()
+    run_as = _user_to_run_as()
+    if run_as is not None:
+        shutil.chown(directory, run_as)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PGBOUNCER_DIR": str(directory),
+           "PGBOUNCER_UPSTREAM_HOST": host, "PGBOUNCER_UPSTREAM_PORT": str(upstream_port),
+           "PGBOUNCER_USER": user, "PGBOUNCER_PASSWORD": password,
+           "PGBOUNCER_LISTEN_ADDR": "127.0.0.1", "PGBOUNCER_PORT": str(port),
+           "PGBOUNCER_POOL_SIZE": "1"}
+    log = (directory / "entrypoint.log").open("wb")
+    proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, user=run_as, cwd=directory,
+                            preexec_fn=die_with_parent)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the entrypoint's pgbouncer did not start: "
+                                       f"{(directory / 'entrypoint.log').read_text()}") \
+                        from None
+                time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(directory, ignore_errors=True)

@@ -17,11 +17,12 @@ from tasks.constants import (
     StartOrder,
 )
 from tasks.errors import ConfigurationError
+from tasks.settings_db import DatabaseSettings
 from tasks.settings_gateway import PLAYRUN_HOME, GatewaySettings
 from tasks.settings_sandbox import SandboxSettings
 
 
-class Settings(GatewaySettings, SandboxSettings):
+class Settings(GatewaySettings, SandboxSettings, DatabaseSettings):
     """Every PLAYRUN_* environment variable, read once per process (docs/operations.md)."""
 
     model_config = SettingsConfigDict(env_prefix="PLAYRUN_", extra="ignore", frozen=True)

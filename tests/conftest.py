@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from tasks.broker.publish import StubPublisher
     from tasks.sandbox.fake import FakeScript
+    from tests.support.pgbouncer import PgBouncer
     from tests.support.stack import Gateway, Worker
 
 os.environ.update(LOCAL_ENV)
@@ -226,3 +227,16 @@ def worker(pg_url: str, gateway: Gateway) -> Iterator[Worker]:
     w.wait_ready()
     yield w
     w.stop()
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(pg_url: str) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction pooling mode in front of the session's migrated database
+    (tests/support/pgbouncer.py); stopped after the module."""
+    from tests.support.pgbouncer import binary, running
+    from tests.support.session import PG_BASE
+
+    if binary() is None:
+        pytest.skip("pgbouncer is not installed (.ci/run installs it)")
+    with running(PG_BASE) as bouncer:
+        yield bouncer

@@ -83,13 +83,36 @@ def _ping_when_idle(engine: sa.Engine) -> None:
 
 
 def _pg_args(url: str) -> dict[str, Any]:
-    """netguard's bounds; `options` the URL already gives are kept beside ours."""
-    args = pg_connect_args(get_settings().network_timeout_s)
+    """netguard's bounds; `options` the URL already gives are kept beside ours.
+
+    Behind PgBouncer (PLAYRUN_DB_PGBOUNCER) no statement is prepared: a transaction pooler
+    runs the next transaction on whichever server connection is free, where psycopg's
+    prepared statement does not exist. PgBouncer also refuses the `options` startup
+    parameter: its own idle_transaction_timeout stands in for ours (docs/design.md).
+    """
+    settings = get_settings()
+    args = pg_connect_args(settings.network_timeout_s)
     given = sa.engine.make_url(url).query.get("options")
-    if given:
+    if settings.db_pgbouncer:
+        del args["options"]
+        args["prepare_threshold"] = None
+    elif given:
         args["options"] = f"{given if isinstance(given, str) else ' '.join(given)} " \
                           f"{args['options']}"
     return args
+
+
+def _pg_engine(url: str, **kwargs: Any) -> sa.Engine:
+    """A PostgreSQL engine with the pool bounds of the settings (docs/operations.md
+    "Connections"), pinged when a connection was idle."""
+    settings = get_settings()
+    engine = sa.create_engine(url, pool_size=settings.db_pool_size,
+                              max_overflow=settings.db_max_overflow,
+                              pool_timeout=settings.db_pool_timeout_s,
+                              pool_recycle=settings.db_pool_recycle_s or -1,
+                              connect_args=_pg_args(url), **kwargs)
+    _ping_when_idle(engine)
+    return engine
 
 
 def get_engine(url: str | None = None) -> sa.Engine:
@@ -98,12 +121,7 @@ def get_engine(url: str | None = None) -> sa.Engine:
     key = (os.getpid(), url)
     engine = _engines.get(key)
     if engine is None:
-        if url.startswith("sqlite"):
-            engine = _sqlite_engine(url)
-        else:
-            engine = sa.create_engine(url, pool_size=5, max_overflow=10,
-                                      connect_args=_pg_args(url))
-            _ping_when_idle(engine)
+        engine = _sqlite_engine(url) if url.startswith("sqlite") else _pg_engine(url)
         _engines[key] = engine
     return engine
 
@@ -112,20 +130,17 @@ def _autocommit_engine(url: str) -> sa.Engine:
     """PostgreSQL: a second pool whose connections stay in autocommit (nothing to switch on
     checkout, nothing to roll back on checkin).
 
-    It keeps up to 10 idle: the gateway's request threads use it at once under load, and
-    a pool of 2 closed each connection past the second on checkin, so every busy second
-    started dozens of server backends (a fork and a catalog warm-up each). At most 15
-    (the old pool allowed 10), beside the main pool's 15: a worker's pool child, one
-    thread, opens one or two. Last in, first out: a quiet process reuses the same few, and
-    the rest idle past PING_IDLE_S and are pinged before their next use.
+    It keeps PLAYRUN_DB_POOL_SIZE idle (10): the gateway's request threads use it at once
+    under load, and a pool of 2 closed each connection past the second on checkin, so every
+    busy second started dozens of server backends (a fork and a catalog warm-up each).
+    Last in, first out: a quiet process reuses the same few, and the rest idle past
+    PING_IDLE_S and are pinged before their next use.
     """
     key = (os.getpid(), url)
     engine = _autocommit_engines.get(key)
     if engine is None:
-        engine = sa.create_engine(url, pool_size=10, max_overflow=5, pool_use_lifo=True,
-                                  isolation_level="AUTOCOMMIT", pool_reset_on_return=None,
-                                  connect_args=_pg_args(url))
-        _ping_when_idle(engine)
+        engine = _pg_engine(url, pool_use_lifo=True, isolation_level="AUTOCOMMIT",
+                            pool_reset_on_return=None)
         _autocommit_engines[key] = engine
     return engine
 
@@ -312,6 +327,8 @@ def require_current_schema(url: str | None = None) -> None:
         current = current_revision(url)
     except sa.exc.OperationalError as exc:  # not a schema problem: nothing answered
         reason = " ".join(str(exc.orig).split())
+        if "unsupported startup parameter" in reason:  # PgBouncer's answer to `options`
+            reason += " (a PgBouncer? set PLAYRUN_DB_PGBOUNCER=true)"
         shown = get_engine(url).url.render_as_string(hide_password=True)
         raise DatabaseUnavailableError(f"cannot reach the database at {shown}: {reason}") \
             from exc

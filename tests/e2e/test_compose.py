@@ -17,6 +17,8 @@ from tests.support.paths import ROOT
 COMPOSE = ROOT / "docker-compose.yml"
 EXAMPLE_ENV = ROOT / ".env.example"
 SERVICES = {"postgres", "redis", "migrate", "worker", "beat", "gateway", "flower", "dashboard"}
+# The processes that reach the database through PgBouncer when .env says so.
+POOLED = {"worker", "beat", "gateway", "flower", "dashboard"}
 STARTED_AFTER_MIGRATE = {"worker", "beat", "gateway", "flower", "dashboard"}
 # The metrics each process kind serves, as the settings name them (tasks/settings.py).
 METRICS = {"worker": "PLAYRUN_METRICS_WORKER_ADDR", "beat": "PLAYRUN_METRICS_BEAT_ADDR",
@@ -30,7 +32,8 @@ def compose(*args: str, env_file: Path = EXAMPLE_ENV) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PLAYRUN_", "POSTGRES_", "REDIS_", "FLOWER_"))}
     return subprocess.run(["docker-compose", "--env-file", str(env_file), "-f", str(COMPOSE),
-                           "--profile", "metrics", *args], cwd=str(ROOT), env=env,
+                           "--profile", "metrics", "--profile", "pgbouncer", *args],
+                          cwd=str(ROOT), env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -117,3 +120,29 @@ def test_prometheus_scrapes_each_process_kind_where_it_serves(resolved: dict[str
     volumes = services["prometheus"]["volumes"]
     assert any(str(v.get("source", v)).endswith("deploy/prometheus.yml")
                if isinstance(v, dict) else "deploy/prometheus.yml" in v for v in volumes)
+
+
+def test_postgres_is_reached_directly_unless_env_names_pgbouncer(
+        resolved: dict[str, Any], tmp_path: Path) -> None:
+    services = resolved["services"]
+    for name in POOLED | {"migrate"}:
+        env = services[name]["environment"]
+        assert "@postgres:5432/playrun" in env["PLAYRUN_DATABASE_URL"], name
+        assert env["PLAYRUN_DB_PGBOUNCER"] == "false", name
+    bouncer = services["pgbouncer"]
+    assert bouncer["profiles"] == ["pgbouncer"]
+    assert bouncer["build"]["context"].endswith("deploy/pgbouncer")
+    assert bouncer["depends_on"]["postgres"]["condition"] == "service_healthy"
+    # .env.example's three commented lines, uncommented: every process but migrate pools.
+    pooled_env = tmp_path / "pooled.env"
+    pooled_env.write_text(EXAMPLE_ENV.read_text().replace("# PLAYRUN_DB_", "PLAYRUN_DB_"))
+    proc = compose("config", env_file=pooled_env)
+    assert proc.returncode == 0, proc.stderr
+    pooled = yaml.safe_load(proc.stdout)["services"]
+    for name in POOLED:
+        env = pooled[name]["environment"]
+        assert "@pgbouncer:6432/playrun" in env["PLAYRUN_DATABASE_URL"], name
+        assert env["PLAYRUN_DB_PGBOUNCER"] == "true", name
+    migrate = pooled["migrate"]["environment"]
+    assert "@postgres:5432/playrun" in migrate["PLAYRUN_DATABASE_URL"]
+    assert migrate["PLAYRUN_DB_PGBOUNCER"] == "false"

@@ -175,7 +175,9 @@ def ask_refill(name: str, provider_name: str, host: str) -> None:
 @app.task(name=TASK_POOL_REFILL, ignore_result=True)
 def pool_refill(name: str, host: str = "") -> dict[str, Any]:
     """Delete a pool's retired members here, then refill it (tasks/acquisition/pools)."""
-    report = refill(name, get_settings(), host)
+    settings = get_settings()
+    placement.renew(settings.served)  # a worker that only refills still announces its host
+    report = refill(name, settings, host)
     return report.__dict__
 
 
@@ -183,12 +185,15 @@ def pool_refill(name: str, host: str = "") -> dict[str, Any]:
 def pool_tick() -> dict[str, Any]:
     """Beat: retire what pools no longer keep, then ask for each refill where it can run."""
     report = hygiene.tick(get_settings())
+    asked = {(name, host) for name, _provider, host in report.refills if host}
     hosts: list[str] | None = None
     for name, provider_name, host in report.refills:
         if provider_name == "local" and not host:
+            # Hosts that announced they serve `local` but hold none of its members yet.
             hosts = placement.pool_hosts() if hosts is None else hosts
             for each in hosts:
-                ask_refill(name, provider_name, each)
+                if (name, each) not in asked:
+                    ask_refill(name, provider_name, each)
         else:
             ask_refill(name, provider_name, host)
     return {"retired": report.retired, "refills": len(report.refills)}

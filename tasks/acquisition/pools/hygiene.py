@@ -83,10 +83,16 @@ def tick(settings: Settings) -> TickReport:
         found = pools.get(key[0])
         if found is not None and n < found.min_ready:
             wanted.add(key)
-    # A pool short anywhere else (no member yet, or a new host): its provider's workers look.
+    with session_scope(readonly=True) as session:
+        hosts = session.execute(sa.select(PoolMember.provider, PoolMember.host).distinct()
+                                .where(PoolMember.host != "")).all()
+    # A pool short anywhere else (no member yet, or a new host): its provider's workers
+    # look, and each host that ever kept one of its provider's members.
     for name, row in pools.items():
         if row.min_ready:
             wanted.add((name, row.provider, ""))
+            wanted.update((name, row.provider, host) for provider, host in hosts
+                          if provider == row.provider)
     report.refills = sorted(wanted)
     return report
 

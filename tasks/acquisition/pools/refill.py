@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -48,8 +49,9 @@ log = logging.getLogger("playrun.pools")
 
 # The supervisor's hard kill comes this long after the standby's whole life (as a launch's).
 STANDBY_GRACE_S = 5.0
-# One refill task per pool and host at a time; a dead one's lock lapses after this.
-LOCK_MS = 120_000
+# One refill task per pool and host at a time; a dead one's lock lapses after this (each
+# start renews it, so a slow provider's creates keep it).
+LOCK_MS = 30_000
 # One task starts at most this many, for at most this long (well inside its lock).
 MAX_STARTS = 16
 MAX_WORK_S = 60.0
@@ -99,7 +101,8 @@ def refill(name: str, settings: Settings, host: str | None = None) -> RefillRepo
         provider = provider_for(pool.provider)
         _orphans(name, here)
         report.deleted = delete_retired(name, provider, here)
-        _start_members(pool, provider, here, settings, report)
+        _start_members(pool, provider, here, settings, report,
+                       lambda: client.pexpire(lock, LOCK_MS))
     finally:
         with contextlib.suppress(redis.RedisError):
             client.delete(lock)
@@ -107,7 +110,7 @@ def refill(name: str, settings: Settings, host: str | None = None) -> RefillRepo
 
 
 def _start_members(pool: Pool, provider: SandboxProvider, host: str, settings: Settings,
-                   report: RefillReport) -> None:
+                   report: RefillReport, renew: Callable[[], object]) -> None:
     if _backing_off(pool.name, host):
         report.stopped = "backing off after errors"
         return
@@ -130,6 +133,7 @@ def _start_members(pool: Pool, provider: SandboxProvider, host: str, settings: S
             if policy.mode == traffic.HOLD:
                 report.stopped = "starts are held"
                 return
+        renew()
         published = getattr(provider, "create_rate_per_min", None)
         decision = permits.acquire_now(pool.provider, policy, settings, published)
         if not decision.granted:

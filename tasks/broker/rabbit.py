@@ -1,0 +1,58 @@
+"""RabbitMQ's own calls: how many messages wait, and the exchanges a countdown rides.
+
+Celery's native delayed delivery sends a message with a countdown through a chain of
+delay queues (celery_delayed_0..27) that a worker declares when it starts, and the
+target queue must be bound to it. A process that publishes a countdown before any
+worker has started (or to a queue no worker bound yet) declares and binds them itself,
+once per process and queue: both are idempotent on the broker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from kombu.transport.native_delayed_delivery import (
+    bind_queue_to_native_delayed_delivery_exchange,
+    declare_native_delayed_delivery_exchanges_and_queues,
+)
+
+from tasks.broker.config import make_queue
+
+_lock = threading.Lock()
+_bound: set[tuple[str, str]] = set()  # (broker URL, queue) bound in this process
+
+
+def ready(app: Any, queues: Sequence[str]) -> int:
+    """Messages ready (not delivered) on `queues`, as Redis's LLEN counts them: a passive
+    declare each; a queue not declared yet holds none."""
+    from amqp.exceptions import NotFound
+
+    total = 0
+    with app.pool.acquire(block=True) as conn:
+        channel = conn.channel()
+        try:
+            for name in queues:
+                try:
+                    total += int(channel.queue_declare(queue=name, passive=True)[1])
+                except NotFound:  # the broker closed the channel: another for the rest
+                    channel = conn.channel()
+        finally:
+            channel.close()
+    return total
+
+
+def ensure_delayed(app: Any, queue: str) -> None:
+    """The delay exchanges exist and `queue` is bound to them (declared on first use)."""
+    url = str(app.conf.broker_url or "")
+    if (url, queue) in _bound:
+        return
+    with _lock, app.pool.acquire(block=True) as conn:
+        if not any(bound_url == url for bound_url, _ in _bound):
+            declare_native_delayed_delivery_exchanges_and_queues(
+                conn, app.conf.broker_native_delayed_delivery_queue_type)
+        target = make_queue(queue, url)
+        target(conn.default_channel).declare()  # type: ignore[no-untyped-call]
+        bind_queue_to_native_delayed_delivery_exchange(conn, target)
+        _bound.add((url, queue))

@@ -13,12 +13,15 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from amqp.exceptions import AMQPError, NotFound
+from kombu.exceptions import OperationalError
 from kombu.transport.native_delayed_delivery import (
     bind_queue_to_native_delayed_delivery_exchange,
     declare_native_delayed_delivery_exchanges_and_queues,
 )
 
 from tasks.broker.config import make_queue
+from tasks.errors import BrokerUnavailableError
 
 _lock = threading.Lock()
 _bound: set[tuple[str, str]] = set()  # (broker URL, queue) bound in this process
@@ -26,9 +29,15 @@ _bound: set[tuple[str, str]] = set()  # (broker URL, queue) bound in this proces
 
 def ready(app: Any, queues: Sequence[str]) -> int:
     """Messages ready (not delivered) on `queues`, as Redis's LLEN counts them: a passive
-    declare each; a queue not declared yet holds none."""
-    from amqp.exceptions import NotFound
+    declare each; a queue not declared yet holds none. BrokerUnavailableError when the
+    broker does not answer."""
+    try:
+        return _ready(app, queues)
+    except (OSError, AMQPError, OperationalError) as exc:
+        raise BrokerUnavailableError(f"RabbitMQ did not answer: {exc}") from exc
 
+
+def _ready(app: Any, queues: Sequence[str]) -> int:
     total = 0
     with app.pool.acquire(block=True) as conn:
         channel = conn.channel()

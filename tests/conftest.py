@@ -118,7 +118,7 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis[bytes]]:
 def rabbitmq_vhost() -> Iterator[str]:
     """A vhost of this session's own on this machine's RabbitMQ (deleted after): parallel
     sessions never share a queue."""
-    from tests.support import rabbitmq
+    from tasks.testing import rabbitmq
 
     reason = rabbitmq.unavailable()
     if reason is not None:

@@ -13,8 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from amqp.exceptions import AMQPError, NotFound
-from kombu.exceptions import OperationalError
+from amqp.exceptions import NotFound
 from kombu.transport.native_delayed_delivery import (
     bind_queue_to_native_delayed_delivery_exchange,
     declare_native_delayed_delivery_exchanges_and_queues,
@@ -30,25 +29,32 @@ _bound: set[tuple[str, str]] = set()  # (broker URL, queue) bound in this proces
 def ready(app: Any, queues: Sequence[str]) -> int:
     """Messages ready (not delivered) on `queues`, as Redis's LLEN counts them: a passive
     declare each; a queue not declared yet holds none. BrokerUnavailableError when the
-    broker does not answer."""
-    try:
-        return _ready(app, queues)
-    except (OSError, AMQPError, OperationalError) as exc:
-        raise BrokerUnavailableError(f"RabbitMQ did not answer: {exc}") from exc
+    broker does not answer (twice: a pooled connection the broker closed fails once)."""
+    failure: Exception | None = None
+    for _ in range(2):
+        try:
+            return _ready(app, queues)
+        except Exception as exc:  # noqa: BLE001 - a dead connection fails in many ways
+            failure = exc
+    raise BrokerUnavailableError(f"RabbitMQ did not answer: {failure!r}") from failure
 
 
 def _ready(app: Any, queues: Sequence[str]) -> int:
     total = 0
     with app.pool.acquire(block=True) as conn:
-        channel = conn.channel()
         try:
-            for name in queues:
-                try:
-                    total += int(channel.queue_declare(queue=name, passive=True)[1])
-                except NotFound:  # the broker closed the channel: another for the rest
-                    channel = conn.channel()
-        finally:
-            channel.close()
+            channel = conn.channel()
+            try:
+                for name in queues:
+                    try:
+                        total += int(channel.queue_declare(queue=name, passive=True)[1])
+                    except NotFound:  # the broker closed the channel: another for the rest
+                        channel = conn.channel()
+            finally:
+                channel.close()
+        except Exception:
+            conn.collect()  # back to the pool unconnected: the next use connects afresh
+            raise
     return total
 
 

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from tasks.constants import MAINTENANCE_QUEUE, QUEUE, RELEASE_QUEUE, TASK_WATCHDOG_PING
-from tasks.testing import Stack
+from tasks.testing import Stack, rabbitmq
 from tasks.testing.roles import Worker
-from tests.support import rabbitmq
 from tests.support.helpers import eventually
 from tests.support.paths import PLAYS, ROOT
 from tests.support.runs import FAST_RECOVERY, HOST_FILES

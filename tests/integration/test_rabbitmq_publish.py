@@ -16,7 +16,7 @@ from kombu.exceptions import OperationalError
 from tasks.broker.publish import CeleryPublisher
 from tasks.constants import QUEUE, TASK_START_ATTEMPT, TASK_WATCHDOG_PING
 from tasks.errors import BrokerUnavailableError
-from tests.support import rabbitmq
+from tasks.testing import rabbitmq
 from tests.support.helpers import eventually
 
 LOCAL = "playrun.provider.local"

@@ -1,6 +1,7 @@
-"""This machine's RabbitMQ for the tests that run on it: one vhost per test session
-(created with rabbitmqctl, given to guest, deleted after), so parallel sessions never
-share a queue; a vhost whose session died is deleted by the next one."""
+"""This machine's RabbitMQ for tests and the chaos suite, through rabbitmqctl: a vhost of
+one process's own (given to guest, deleted after), so parallel sessions never share a
+queue; a vhost whose process died is deleted by the next one. Also a restart of the
+broker application, and a policy that makes the broker refuse publishes to a queue."""
 
 from __future__ import annotations
 
@@ -70,15 +71,27 @@ def queues(vhost: str) -> dict[str, tuple[str, int]]:
 
 
 def restart_app(down_s: float = 2.0) -> float:
-    """Stop the RabbitMQ application on this node and start it again (the node, its
-    Erlang VM and other vhosts' definitions stay); returns when it accepts connections."""
+    """Stop the RabbitMQ application on this node and start it again (the Erlang node
+    stays up; every connection is cut); returns the monotonic time it answers again."""
     ctl("stop_app")
     try:
         time.sleep(down_s)
     finally:
-        ctl("start_app", timeout=120)
-    wait_up()
+        ensure_running()
     return time.monotonic()
+
+
+def ensure_running() -> None:
+    """The broker application started (after a stop_app), or the whole node (after a
+    crash), as this machine starts it; returns once it accepts connections."""
+    if unavailable() is None:
+        return
+    try:
+        ctl("start_app", timeout=120)
+    except RuntimeError:  # the node itself is down
+        subprocess.run(["rabbitmq-server", "-detached"], capture_output=True, timeout=60,
+                       check=False)
+    wait_up()
 
 
 def wait_up(timeout: float = 60.0) -> None:

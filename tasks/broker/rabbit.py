@@ -9,6 +9,8 @@ once per process and queue: both are idempotent on the broker.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -24,37 +26,56 @@ from tasks.errors import BrokerUnavailableError
 
 _lock = threading.Lock()
 _bound: set[tuple[str, str]] = set()  # (broker URL, queue) bound in this process
+_counter: tuple[int, str, Any] | None = None  # (pid, broker URL, connection)
 
 
 def ready(app: Any, queues: Sequence[str]) -> int:
     """Messages ready (not delivered) on `queues`, as Redis's LLEN counts them: a passive
     declare each; a queue not declared yet holds none. BrokerUnavailableError when the
-    broker does not answer (twice: a pooled connection the broker closed fails once)."""
+    broker does not answer (twice: a connection the broker closed fails once)."""
     failure: Exception | None = None
     for _ in range(2):
         try:
-            return _ready(app, queues)
+            return _ready(_counting(app), queues)
         except Exception as exc:  # noqa: BLE001 - a dead connection fails in many ways
             failure = exc
+            _drop_counting()
     raise BrokerUnavailableError(f"RabbitMQ did not answer: {failure!r}") from failure
 
 
-def _ready(app: Any, queues: Sequence[str]) -> int:
+def _counting(app: Any) -> Any:
+    """This process's connection for counting, made on first use (and after a fork or a
+    failure): kombu's pooled ones can stay closed after the broker closed them."""
+    global _counter
+    url = str(app.conf.broker_url or "")
+    with _lock:
+        held = _counter
+        if held is None or held[0] != os.getpid() or held[1] != url:
+            held = _counter = (os.getpid(), url, app.connection_for_write())
+    return held[2]
+
+
+def _drop_counting() -> None:
+    global _counter
+    with _lock:
+        held, _counter = _counter, None
+    if held is not None and held[0] == os.getpid():
+        with contextlib.suppress(Exception):
+            held[2].collect()
+
+
+def _ready(conn: Any, queues: Sequence[str]) -> int:
+    conn.ensure_connection(max_retries=1)
     total = 0
-    with app.pool.acquire(block=True) as conn:
-        try:
-            channel = conn.channel()
+    channel = conn.channel()
+    try:
+        for name in queues:
             try:
-                for name in queues:
-                    try:
-                        total += int(channel.queue_declare(queue=name, passive=True)[1])
-                    except NotFound:  # the broker closed the channel: another for the rest
-                        channel = conn.channel()
-            finally:
-                channel.close()
-        except Exception:
-            conn.collect()  # back to the pool unconnected: the next use connects afresh
-            raise
+                total += int(channel.queue_declare(queue=name, passive=True)[1])
+            except NotFound:  # the broker closed the channel: another for the rest
+                channel = conn.channel()
+    finally:
+        channel.close()
     return total
 
 

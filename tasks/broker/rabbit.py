@@ -65,7 +65,7 @@ def _drop_counting() -> None:
 
 
 def _ready(conn: Any, queues: Sequence[str]) -> int:
-    conn.ensure_connection(max_retries=1)
+    conn.ensure_connection(max_retries=0)  # once: the caller decides what a failure means
     total = 0
     channel = conn.channel()
     try:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from amqp.exceptions import MessageNacked
-from kombu.exceptions import OperationalError
 
 from tasks.broker.publish import CeleryPublisher
 from tasks.constants import QUEUE, TASK_START_ATTEMPT, TASK_WATCHDOG_PING
@@ -107,13 +106,14 @@ def test_a_refused_publish_raises(app: Any) -> None:
     assert [m.headers["id"] for m in take(app, QUEUE)][-1] == "t1"
 
 
-def test_a_broker_that_does_not_answer_raises(app: Any, monkeypatch: pytest.MonkeyPatch
-                                              ) -> None:
+def test_a_broker_that_does_not_answer_is_unavailable_at_once(
+    app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tasks.host.processes import free_port
 
     down = use_broker(monkeypatch, f"amqp://guest:guest@127.0.0.1:{free_port()}//")
     publisher = CeleryPublisher(down)
-    with pytest.raises(BrokerUnavailableError):
+    began = time.monotonic()
+    with pytest.raises(BrokerUnavailableError):  # the fair relay's pass ends, the sweep retries
         publisher.waiting([QUEUE])
-    with pytest.raises(OperationalError):
-        publisher.send_many([("t1", TASK_START_ATTEMPT, ["r1"])])
+    assert time.monotonic() - began < 5  # one try per connection, not kombu's retries

@@ -79,15 +79,32 @@ def push(client: redis.Redis, app: Any, messages: Sequence[Message], queue: str)
 
 
 def produce(app: Any, messages: Sequence[Message], queue: str, url: str) -> None:
-    # RabbitMQ drops (and confirms) a message for a queue that does not exist yet:
-    # declare it first (once per connection: kombu remembers what it declared).
-    declare = [make_queue(queue, url)] if is_amqp(url) else None
+    declare = None
+    if is_amqp(url):
+        # RabbitMQ drops (and confirms) a message for a queue that does not exist yet: it
+        # is declared first. A batch's confirms are waited for together; one message goes
+        # on the producer's channel kept open (its confirm waited for alone).
+        if len(messages) > 1:
+            timeout_s = float(app.conf.broker_transport_options["read_timeout"])
+            for start in range(0, len(messages), _PIPELINE):
+                rabbit.publish_batch(
+                    app, [_built(app, m) for m in messages[start:start + _PIPELINE]], queue,
+                    timeout_s)
+            return
+        declare = [make_queue(queue, url)]  # once per connection: kombu remembers
     with app.producer_or_acquire() as producer, producer.batch(max_size=_PIPELINE):
         for task_id, name, args in messages:
             m = app.amqp.as_task_v2(task_id, name, args=args, ignore_result=True,
                                     argsrepr=shown(name, args), kwargsrepr="{}")
             producer.publish(m.body, exchange="", routing_key=queue, headers=m.headers,
                              serializer="json", retry=False, declare=declare, **m.properties)
+
+
+def _built(app: Any, message: Message) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    task_id, name, args = message
+    m = app.amqp.as_task_v2(task_id, name, args=args, ignore_result=True,
+                            argsrepr=shown(name, args), kwargsrepr="{}")
+    return m.body, m.headers, dict(m.properties)
 
 
 def oldest_waiting(app: Any, queue: str = QUEUE) -> str | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import REDIS_BASE, claim_redis_db  # noqa: E402
+from bench.common import REDIS_BASE, claim_redis_db
 
 BATCH = 100
 

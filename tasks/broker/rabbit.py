@@ -37,6 +37,9 @@ def pooled(app: Any) -> Iterator[Any]:
     next user connects afresh (kombu's own exit closes it for good, and the pool hands
     that closed connection out again)."""
     conn = app.pool.acquire(block=True)
+    while getattr(conn, "_closed", False):  # closed for good by kombu yet pooled again
+        app.pool.replace(conn)  # out of the pool: a new connection takes its place
+        conn = app.pool.acquire(block=True)
     try:
         yield conn
     except BaseException:

@@ -12,10 +12,7 @@ The measurements are interleaved in rounds so that each sees the same machine no
 (the host is shared); the ratios are of totals over all rounds, and the range is the
 spread of the per-round ratios.
 
-    python bench/bench_submit.py [-n 1000] [--rounds 10] [--broker-url amqp://...]
-
---broker-url: both sides publish to that broker (PLAYRUN_BROKER_URL; plain Celery with
-publisher confirms, as playrun publishes to RabbitMQ).
+    python bench/bench_submit.py [-n 1000] [--rounds 10]
 """
 
 from __future__ import annotations
@@ -39,10 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", type=int, default=1000, help="runs per measurement")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--broker-url", default="")
     args = parser.parse_args()
-    if args.broker_url:
-        os.environ["PLAYRUN_BROKER_URL"] = args.broker_url
     per_round = max(BATCH, args.n // args.rounds // BATCH * BATCH)
     with bench_env(redis_db=13) as env:
         import sqlalchemy as sa
@@ -51,9 +45,7 @@ def main() -> None:
         import tasks
         from tasks.store.db import get_engine
 
-        plain = Celery("plain", broker=args.broker_url or env["PLAYRUN_REDIS_URL"])
-        if args.broker_url:
-            plain.conf.broker_transport_options = {"confirm_publish": True}
+        plain = Celery("plain", broker=env["PLAYRUN_REDIS_URL"])
 
         @plain.task(name="bench.noop")
         def noop() -> None:

@@ -35,7 +35,10 @@ def stack(rabbitmq_vhost: str) -> Iterator[Stack]:
                 **HOST_FILES, "PLAYRUN_OUTBOX_RESEND_AFTER_S": "2",
                 # A wide fair window: a message left waiting never closes it.
                 "PLAYRUN_START_RATE_INITIAL_PER_MIN": "6000",
-                "PLAYRUN_START_RATE_MAX_PER_MIN": "6000"}
+                "PLAYRUN_START_RATE_MAX_PER_MIN": "6000",
+                # The watchdog's pings go through the worker's own (classic) queue: a
+                # worker that did not receive them would exit within the tests.
+                "PLAYRUN_WORKER_WATCHDOG_S": "5"}
     with Stack(database=pg_database(f"playrun_test_amqp_{uuid.uuid4().hex[:8]}"),
                create_database=True, redis=TEST_REDIS_URL, settings=settings) as s:
         yield s
@@ -79,6 +82,8 @@ def test_a_cancel_reaches_the_play_through_its_host_queue(stack: Stack) -> None:
     eventually(lambda: "sandbox.deleted" in [e.kind for e in stack.events(handle.id)],
                what="the sandbox deleted on its host")
     assert not (stack.home / "sandboxes" / sandbox).exists()
+    worker = worker_of(stack)
+    assert worker.running and "received nothing" not in worker.output()
 
 
 def test_a_killed_worker_s_run_is_recovered_and_runs_once(stack: Stack, tmp_path: Path

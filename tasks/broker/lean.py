@@ -78,7 +78,8 @@ def push(client: redis.Redis, app: Any, messages: Sequence[Message], queue: str)
         pipe.execute()
 
 
-def produce(app: Any, messages: Sequence[Message], queue: str, url: str) -> None:
+def produce(app: Any, messages: Sequence[Message], queue: str, url: str | None = None) -> None:
+    url = str(app.conf.broker_url or "") if url is None else url
     declare = None
     if is_amqp(url):
         # RabbitMQ drops (and confirms) a message for a queue that does not exist yet: it

@@ -1,36 +1,28 @@
 """Celery settings for playrun, chosen for safety; each line says why.
 
-Broker and result backend come from PLAYRUN_REDIS_URL (read once, in tasks.settings).
+The result backend is PLAYRUN_REDIS_URL; the broker PLAYRUN_BROKER_URL if set, else the same
+Redis (read once, in tasks.settings).
 """
 
 from __future__ import annotations
 
-from kombu import Exchange, Queue
-
-from tasks.constants import MAINTENANCE_QUEUE, QUEUE, RELEASE_QUEUE
+from tasks.broker.config import broker_settings
+from tasks.constants import QUEUE
 from tasks.settings import get_settings
-from tasks.store.netguard import celery_backend_options, redis_socket_options
+from tasks.store.netguard import celery_backend_options
 
 _settings = get_settings()
 
-broker_url = _settings.redis_url
-if broker_url.startswith(("redis://", "rediss://")):  # not sentinel:// or another broker
-    broker_transport = "tasks.broker.transport:Transport"
+# The broker (PLAYRUN_BROKER_URL, else PLAYRUN_REDIS_URL) and what follows from it:
+# the transport, its options, the queues as that broker declares them
+# (tasks/broker/config.py says why each). Results always go to Redis.
+_broker = broker_settings(_settings)
+broker_url = _broker["broker_url"]
+broker_transport = _broker["broker_transport"]
+broker_transport_options = _broker["broker_transport_options"]
+if "broker_heartbeat" in _broker:
+    broker_heartbeat = _broker["broker_heartbeat"]
 result_backend = _settings.redis_url
-
-# Ack after the task finishes, so a task whose worker dies is delivered again;
-# the SQL claim makes that redelivery safe (a play never runs twice).
-task_acks_late = True
-# A child killed by SIGKILL/OOM must requeue its task, not fail it.
-task_reject_on_worker_lost = True
-# One message per process: a slow sandbox start must not hide queued runs from idle workers.
-worker_prefetch_multiplier = 1
-# Redis redelivers unacked messages after this; it must outlive every countdown we schedule
-# (checked in Settings.check), or a waiting message would be delivered twice.
-broker_transport_options = {"visibility_timeout": _settings.visibility_timeout_s,
-                            # A half-open broker connection fails and is replaced, never
-                            # waited on forever (tasks/store/netguard.py).
-                            **redis_socket_options(_settings.network_timeout_s)}
 _backend = celery_backend_options(_settings.network_timeout_s)
 redis_socket_timeout = _backend["redis_socket_timeout"]
 redis_socket_connect_timeout = _backend["redis_socket_connect_timeout"]
@@ -56,9 +48,9 @@ task_ignore_result = True
 # Workers declare their queue; app code only publishes to it.
 task_default_queue = QUEUE
 # Every worker consumes all three; maintenance and releases never wait behind starts.
-task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name)
-                    for name in (QUEUE, MAINTENANCE_QUEUE, RELEASE_QUEUE))
+task_queues = _broker["task_queues"]
 task_default_exchange = QUEUE
+task_default_exchange_type = _broker["task_default_exchange_type"]
 task_default_routing_key = QUEUE
 task_create_missing_queues = False
 # Maintenance needs the database at the head revision before it schedules anything.

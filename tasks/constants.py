@@ -209,6 +209,11 @@ RELEASE_QUEUE: Final = "playrun.release"
 PROVIDER_NAMES: Final = ("local", "fake", "daytona", "e2b", "modal", "agentcore")
 # Starts placed on a provider ride its own queue: only its workers take them.
 PROVIDER_QUEUE_PREFIX: Final = "playrun.provider."
+# PLAYRUN_BROKER_URL's schemes: Redis, or RabbitMQ (AMQP 0-9-1).
+BROKER_SCHEMES: Final = ("redis", "rediss", "amqp", "amqps")
+AMQP_SCHEMES: Final = ("amqp", "amqps")
+# RabbitMQ queues are quorum queues: replicated, durable, and safe with a node restart.
+AMQP_QUEUE_ARGUMENTS: Final = {"x-queue-type": "quorum"}
 TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"

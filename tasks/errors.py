@@ -162,7 +162,7 @@ class DatabaseUnavailableError(PlayrunError):
 
 
 class BrokerUnavailableError(PlayrunError):
-    """Redis (the Celery broker) did not answer."""
+    """The Celery broker (Redis, or RabbitMQ) did not answer."""
 
     code = "BROKER_UNAVAILABLE"
 

@@ -11,6 +11,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from tasks.constants import (
+    BROKER_SCHEMES,
     DEV_SECRET_KEY,
     MAX_SQL_INT,
     PROVIDER_NAMES,
@@ -32,7 +33,12 @@ class Settings(GatewaySettings, SandboxSettings, DatabaseSettings):
         description="SQLAlchemy URL of the database (PostgreSQL in production).")
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
-        description="Redis: the Celery broker and result backend, and the start-rate buckets.")
+        description="Redis: the Celery result backend, the start-rate buckets, and the broker "
+                    "unless PLAYRUN_BROKER_URL names another.")
+    broker_url: str = Field(
+        default="",
+        description="The Celery broker when not PLAYRUN_REDIS_URL: amqp://user:password@host:"
+                    "5672/vhost for RabbitMQ (quorum queues, publisher confirms).")
     org_capacity: int = Field(
         default=10, ge=0, le=MAX_SQL_INT,
         description="Concurrent sandboxes per org (per-org overrides: playrun capacity set).")
@@ -181,6 +187,11 @@ class Settings(GatewaySettings, SandboxSettings, DatabaseSettings):
         return self.served[0]
 
     @property
+    def celery_broker_url(self) -> str:
+        """Where task messages go: PLAYRUN_BROKER_URL, else PLAYRUN_REDIS_URL."""
+        return self.broker_url or self.redis_url
+
+    @property
     def is_postgres(self) -> bool:
         return self.database_url.startswith("postgresql")
 
@@ -189,6 +200,9 @@ class Settings(GatewaySettings, SandboxSettings, DatabaseSettings):
             raise ConfigurationError(
                 "PLAYRUN_VISIBILITY_TIMEOUT_S must exceed twice PLAYRUN_MAX_COUNTDOWN_S",
             )
+        if self.broker_url and urlsplit(self.broker_url).scheme not in BROKER_SCHEMES:
+            raise ConfigurationError(
+                "PLAYRUN_BROKER_URL must be a redis://, rediss://, amqp:// or amqps:// URL")
         for addr in (self.metrics_worker_addr, self.metrics_beat_addr, self.metrics_gateway_addr):
             parse_addr(addr)
         port = parse_addr(self.metrics_gateway_addr)[1]

@@ -116,6 +116,21 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis[bytes]]:
 
 
 @pytest.fixture(scope="session")
+def rabbitmq_vhost() -> Iterator[str]:
+    """A vhost of this session's own on this machine's RabbitMQ (deleted after): parallel
+    sessions never share a queue."""
+    from tasks.testing import rabbitmq
+
+    reason = rabbitmq.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    rabbitmq.drop_orphaned_vhosts()
+    vhost = rabbitmq.create_vhost()
+    yield vhost
+    rabbitmq.ctl("delete_vhost", vhost)
+
+
+@pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for the session, migrated to head by Alembic."""
     from tasks.store import db

@@ -99,6 +99,47 @@ class RedisRestart(Fault):
         return time.monotonic()
 
 
+class RabbitMQRestart(Fault):
+    name = "RabbitMQ restart"
+    describe = ("the broker on RabbitMQ (quorum queues, a vhost of the suite's own): "
+                "`rabbitmqctl stop_app`, 2 s down, `start_app`")
+
+    def skip_reason(self) -> str | None:
+        from tasks.testing import rabbitmq
+
+        return rabbitmq.unavailable()
+
+    def setup(self, es: ExitStack, log_dir: Path) -> Setup:
+        from tasks.testing import rabbitmq
+
+        setup = super().setup(es, log_dir)
+        rabbitmq.drop_orphaned_vhosts()
+        vhost = rabbitmq.create_vhost()
+        es.callback(rabbitmq.ctl, "delete_vhost", vhost)
+        # Whatever happens in the load, this machine's broker is left running.
+        es.callback(rabbitmq.ensure_running)
+        self.url = rabbitmq.url(vhost)
+        return setup
+
+    def prepare(self, es: ExitStack, env: dict[str, str]) -> None:
+        """The suite's own submits publish to RabbitMQ too."""
+        from tasks.broker.app import app
+        from tasks.broker.config import rebind
+        from tasks.settings import get_settings, reset_settings
+
+        os.environ["PLAYRUN_BROKER_URL"] = env["PLAYRUN_BROKER_URL"] = self.url
+        reset_settings()
+        rebind(app, get_settings())
+
+    def stack_urls(self) -> dict[str, str]:
+        return {"PLAYRUN_BROKER_URL": self.url}
+
+    def inject(self, stack: Stack, fault_s: float) -> float | None:
+        from tasks.testing import rabbitmq
+
+        return rabbitmq.restart_app(down_s=2.0)
+
+
 class PostgresRestart(Fault):
     name = "PostgreSQL restart"
     describe = "`pg_ctl stop -m immediate` of a private cluster, 2 s down, started again"
@@ -243,6 +284,7 @@ KINDS: dict[str, type[Fault]] = {
     "worker-kill": WorkerKill,
     "gateway": GatewayRestart,
     "redis": RedisRestart,
+    "rabbitmq": RabbitMQRestart,
     "net-slow": NetDelay,
     "net-cut": NetDrop,
     "net-blackhole": NetBlackhole,

@@ -9,9 +9,10 @@ checks and its metrics signals through `include`, before it reads its steps.
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Exchange, Queue  # type: ignore[attr-defined]
+from kombu import Queue  # type: ignore[attr-defined]
 
 from tasks.broker import taskrepr  # noqa: F401  (its publish hook redacts what Flower shows)
+from tasks.broker.config import make_queue
 from tasks.broker.message import provider_queue as provider_queue  # re-exported
 from tasks.broker.message import start_queue as start_queue  # re-exported
 
@@ -27,8 +28,9 @@ def create_app(config: str | object = "celeryconfig") -> Celery:
 
 
 def queue(name: str) -> Queue:
-    """A direct queue by name (the default one, or a host's own queue)."""
-    return Queue(name, Exchange(name, type="direct"), routing_key=name)  # type: ignore[no-untyped-call]
+    """A queue by name (the default one, or a host's own queue), as the app's broker
+    declares it (a quorum queue on RabbitMQ)."""
+    return make_queue(name, str(app.conf.broker_url or ""))
 
 
 app = create_app()

@@ -10,7 +10,8 @@ batch in one pipeline. tests/integration/test_submit_runs.py checks byte for byt
 per-message tags, that this envelope equals what kombu's own producer writes.
 
 Any other broker, or a Redis transport with a key prefix, uses kombu's producer
-(pipelined by `Producer.batch`).
+(pipelined by `Producer.batch`). On RabbitMQ that is a real AMQP publish, each one
+confirmed by the broker (tasks/broker/config.py), to a queue it declares first.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 import redis
 from kombu.utils.json import dumps as kombu_dumps
 
+from tasks.broker import rabbit
+from tasks.broker.config import is_amqp, make_queue
 from tasks.broker.message import Message, start_queue
 from tasks.broker.taskrepr import shown
 from tasks.constants import QUEUE
@@ -75,19 +78,41 @@ def push(client: redis.Redis, app: Any, messages: Sequence[Message], queue: str)
         pipe.execute()
 
 
-def produce(app: Any, messages: Sequence[Message], queue: str) -> None:
+def produce(app: Any, messages: Sequence[Message], queue: str, url: str | None = None) -> None:
+    url = str(app.conf.broker_url or "") if url is None else url
+    declare = None
+    if is_amqp(url):
+        # RabbitMQ drops (and confirms) a message for a queue that does not exist yet: it
+        # is declared first. A batch's confirms are waited for together; one message goes
+        # on the producer's channel kept open (its confirm waited for alone).
+        if len(messages) > 1:
+            timeout_s = float(app.conf.broker_transport_options["read_timeout"])
+            for start in range(0, len(messages), _PIPELINE):
+                rabbit.publish_batch(
+                    app, [_built(app, m) for m in messages[start:start + _PIPELINE]], queue,
+                    timeout_s)
+            return
+        declare = [make_queue(queue, url)]  # once per connection: kombu remembers
     with app.producer_or_acquire() as producer, producer.batch(max_size=_PIPELINE):
         for task_id, name, args in messages:
             m = app.amqp.as_task_v2(task_id, name, args=args, ignore_result=True,
                                     argsrepr=shown(name, args), kwargsrepr="{}")
             producer.publish(m.body, exchange="", routing_key=queue, headers=m.headers,
-                             serializer="json", retry=False, declare=None, **m.properties)
+                             serializer="json", retry=False, declare=declare, **m.properties)
+
+
+def _built(app: Any, message: Message) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    task_id, name, args = message
+    m = app.amqp.as_task_v2(task_id, name, args=args, ignore_result=True,
+                            argsrepr=shown(name, args), kwargsrepr="{}")
+    return m.body, m.headers, dict(m.properties)
 
 
 def oldest_waiting(app: Any, queue: str = QUEUE) -> str | None:
     """The task id of the oldest message still waiting on `queue` (kombu's Redis transport
-    pushes on the left and pops on the right), or None: an empty queue, another broker,
-    or a message that is not a task's."""
+    pushes on the left and pops on the right), or None: an empty queue, another broker
+    (RabbitMQ shows no message without delivering it), or a message that is not a
+    task's."""
     url = str(app.conf.broker_url or "")
     if not _direct(app, url):
         return None
@@ -108,6 +133,8 @@ def queue_length(app: Any, queues: Sequence[str]) -> int:
     """Messages waiting on `queues` in all, in one round trip (0 when another broker does
     not say)."""
     url = str(app.conf.broker_url or "")
+    if is_amqp(url):
+        return rabbit.ready(app, queues)
     if not _direct(app, url):
         return 0
     pipe = redis_client(url).pipeline(transaction=False)
@@ -129,7 +156,8 @@ def send_tasks(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> Non
         if _direct(app, url):
             push(redis_client(url), app, group, name)
         else:
-            produce(app, group, name)
+            produce(app, group, name, url)
+
 
 
 def _by_queue(messages: Sequence[Message], queue: str) -> dict[str, list[Message]]:

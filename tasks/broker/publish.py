@@ -1,8 +1,9 @@
 """The one way playrun sends a task message: a `Publisher`.
 
 The real one is the Celery app's (kombu's producer, or the lean Redis publish for a
-batch); `StubPublisher` records what would have been sent, in memory, so tests of the
-code that publishes need no broker. `use()` swaps the current one; nothing here closes
+batch; on RabbitMQ always kombu's producer, with publisher confirms); `StubPublisher`
+records what would have been sent, in memory, so tests of the code that publishes need
+no broker. `use()` swaps the current one; nothing here closes
 or replaces the app's connection pools, which are process-wide.
 """
 
@@ -55,7 +56,13 @@ class CeleryPublisher:
         countdown: float | None = None,
     ) -> None:
         from tasks.broker.app import queue as direct_queue
+        from tasks.broker.config import amqp_countdown, is_amqp
 
+        if countdown and is_amqp(str(self.app.conf.broker_url or "")):
+            from tasks.broker.rabbit import ensure_delayed
+
+            ensure_delayed(self.app, queue)
+            countdown = amqp_countdown(countdown)
         self.app.send_task(
             name,
             args=args,

@@ -72,11 +72,11 @@ def apply_state(environ: dict[str, str] | Any = os.environ) -> bool:
         environ.setdefault(key, value)
     # Importing `tasks` read the settings and gave Celery its broker already: redo both.
     from tasks.broker.app import app
+    from tasks.broker.config import rebind
     from tasks.settings import get_settings, reset_settings
 
     reset_settings()
-    url = get_settings().redis_url
-    app.conf.update(broker_url=url, result_backend=url)
+    rebind(app, get_settings())
     return True
 
 

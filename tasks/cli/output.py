@@ -156,6 +156,9 @@ def as_coded(exc: BaseException) -> PlayrunError | None:
     if isinstance(exc, redis.RedisError | kombu.exceptions.OperationalError):
         from tasks.settings import get_settings
 
-        return BrokerUnavailableError(
-            f"cannot reach Redis at {redact_url(get_settings().redis_url)}: {exc}")
+        settings = get_settings()
+        url = settings.redis_url if isinstance(exc, redis.RedisError) \
+            else settings.celery_broker_url
+        what = "Redis" if url.startswith(("redis", "sentinel")) else "the broker"
+        return BrokerUnavailableError(f"cannot reach {what} at {redact_url(url)}: {exc}")
     return None

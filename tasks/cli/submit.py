@@ -42,9 +42,9 @@ def submit(play: Path, input: Any, org: str, key: str | None) -> Any:
     handle = tasks.submit_run(play, input, org_id=org, idempotency_key=key)
     if not handle.published:
         raise BrokerUnavailableError(
-            f"Redis at {redact_url(get_settings().redis_url)} did not answer; run "
-            f"{handle.id} is committed and `celery -A tasks beat` (its outbox sweep) sends "
-            f"it once Redis answers")
+            f"the broker at {redact_url(get_settings().celery_broker_url)} did not answer; "
+            f"run {handle.id} is committed and `celery -A tasks beat` (its outbox sweep) "
+            f"sends it once the broker answers")
     return handle
 
 
@@ -77,5 +77,5 @@ def wait(handle: Any, timeout_s: float) -> Any:
                 hinted = True
                 err.print(f"no worker has started run {handle.id} after {elapsed:.0f} s: is "
                           f"`celery -A tasks worker` running on "
-                          f"{redact_url(get_settings().redis_url)}? Still waiting.",
+                          f"{redact_url(get_settings().celery_broker_url)}? Still waiting.",
                           markup=False)

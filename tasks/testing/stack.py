@@ -42,6 +42,7 @@ MARKER = "PLAYRUN_STACK_ID"
 _CLIENT_KEYS = (
     "PLAYRUN_DATABASE_URL",
     "PLAYRUN_REDIS_URL",
+    "PLAYRUN_BROKER_URL",
     "PLAYRUN_GATEWAY_URL",
     "PLAYRUN_GATEWAY_SOCKET",
     "PLAYRUN_SANDBOX_ROOT",
@@ -355,8 +356,8 @@ class Stack:
 def _reload_settings() -> None:
     """Settings are read once per process, and Celery took its broker from them: redo both."""
     from tasks.broker.app import app
+    from tasks.broker.config import rebind
     from tasks.settings import get_settings, reset_settings
 
     reset_settings()
-    url = get_settings().redis_url
-    app.conf.update(broker_url=url, result_backend=url)
+    rebind(app, get_settings())

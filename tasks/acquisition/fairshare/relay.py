@@ -33,7 +33,7 @@ from tasks.admission.relay import Message, publish, unmark
 from tasks.broker.message import start_queues
 from tasks.broker.publish import publisher
 from tasks.constants import FAIR_WEIGHT_DEFAULT, LEASE_HELD
-from tasks.errors import StartRateReplyError
+from tasks.errors import BrokerUnavailableError, StartRateReplyError
 from tasks.settings import Settings, get_settings
 from tasks.store.db import is_postgres, session_scope
 from tasks.store.notify import redis_client
@@ -175,7 +175,8 @@ def ask() -> bool:
 def _passes(settings: Settings) -> int | None:
     try:
         return _pump(settings, store())
-    except (redis.RedisError, sa.exc.SQLAlchemyError, StartRateReplyError) as exc:
+    except (redis.RedisError, sa.exc.SQLAlchemyError, StartRateReplyError,
+            BrokerUnavailableError) as exc:
         log.warning("fair relay pass failed (%s: %s); the sweep tries again",
                     type(exc).__name__, exc)
         return None

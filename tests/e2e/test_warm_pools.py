@@ -206,7 +206,9 @@ def test_two_orgs_with_backlogs_share_a_pool_by_weight(
     env = {"PLAYRUN_SANDBOX_PROVIDER": "fake", "PLAYRUN_START_RATE_INITIAL_PER_MIN": "240",
            "PLAYRUN_START_RATE_MAX_PER_MIN": "240", "PLAYRUN_START_RATE_FLOOR_PER_MIN": "240",
            "PLAYRUN_ORG_CAPACITY": "100000", "PLAYRUN_SWEEP_INTERVAL_S": "0.5",
-           "PLAYRUN_HEARTBEAT_TIMEOUT_S": "600", "PLAYRUN_RUN_TIMEOUT_S": "600"}
+           "PLAYRUN_HEARTBEAT_TIMEOUT_S": "600", "PLAYRUN_RUN_TIMEOUT_S": "600",
+           # Hosted fake runners never call: their standbys must not be taken for dead.
+           "PLAYRUN_POOL_STANDBY_WAIT_S": "60"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     reset_settings()
@@ -215,8 +217,7 @@ def test_two_orgs_with_backlogs_share_a_pool_by_weight(
     try:
         w.wait_ready()
         set_pool(40, 40, provider="fake")
-        eventually(lambda: ready() >= 40, timeout=120,
-                   what=f"forty warm sandboxes ({w.output()[-2000:]})")
+        eventually(lambda: ready() >= 40, timeout=120, what="forty warm sandboxes")
         heavy, light = org("w3"), org("w1")
         capacity.set_limit(heavy, 100000, weight=3)
         capacity.set_limit(light, 100000, weight=1)

@@ -55,6 +55,8 @@ LOCK_MS = 30_000
 # One task starts at most this many, for at most this long (well inside its lock).
 MAX_STARTS = 16
 MAX_WORK_S = 60.0
+# A refill waits for a free start slot at most this long (runs reserve theirs ahead).
+WAIT_MAX_MS = 2000
 _LIVE = (LeaseState.RESERVED, LeaseState.LIVE)
 _KEPT = (PoolMemberState.CREATING, PoolMemberState.READY)
 
@@ -136,9 +138,16 @@ def _start_members(pool: Pool, provider: SandboxProvider, host: str, settings: S
         renew()
         published = getattr(provider, "create_rate_per_min", None)
         decision = permits.acquire_now(pool.provider, policy, settings, published)
-        if not decision.granted:
-            report.stopped = "no start permit free now"
-            return
+        while not decision.granted:
+            # The next free slot, if it comes soon and no run has reserved it meanwhile.
+            if decision.wait_ms > WAIT_MAX_MS or time.monotonic() > until:
+                report.stopped = "no start permit free soon"
+                return
+            time.sleep(max(decision.wait_ms, 1) / 1000)
+            if stats.runs_waiting(pool.provider):
+                report.stopped = "runs wait for the start rate"
+                return
+            decision = permits.acquire_now(pool.provider, policy, settings, published)
         error = _start_one(pool, provider, host, settings)
         if error is not None:
             if error.kind in ("rate_limited", "capacity_unavailable"):

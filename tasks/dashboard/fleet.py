@@ -4,13 +4,15 @@ capacity."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from markupsafe import Markup
 
 from tasks.acquisition import capacity, policy
 from tasks.acquisition.fairshare import view as fair_view
+from tasks.acquisition.pools import view as pools_view
 from tasks.acquisition.starthistory import Sample, read_history
 from tasks.dashboard.chart import render
 from tasks.dashboard.placement import Placement, placement
@@ -53,6 +55,8 @@ class Fleet:
     capacity_mode: str
     start_order: str = "fair"
     placement: Placement | None = None
+    # Warm pools: bounds, members by state and counters (tasks/acquisition/pools/view.py).
+    pools: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _chart(bucket: str, samples: list[Sample]) -> BucketChart:
@@ -85,4 +89,4 @@ def fleet(settings: Settings) -> Fleet:
     return Fleet(charts, error, current,
                  [OrgCapacity(*r, weights[r[0]], waiting.get(r[0], 0)) for r in shown],
                  max(0, len(rows) - MAX_ORGS), settings.org_capacity, settings.capacity_mode,
-                 str(settings.start_order), placed)
+                 str(settings.start_order), placed, pools_view.show())

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import sqlalchemy as sa
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis import RedisError
 
@@ -20,8 +21,9 @@ from models import CapacityLease, CapacityOrg
 from tasks.acquisition import permits, placement_view
 from tasks.acquisition import policy as traffic
 from tasks.acquisition.fairshare import view as fair_view
+from tasks.acquisition.pools import view as pools_view
 from tasks.acquisition.startrate import rules_for
-from tasks.constants import LEASE_HELD
+from tasks.constants import LEASE_HELD, POOL_STATS
 from tasks.observe import metrics
 from tasks.settings import Settings
 from tasks.store.db import session_scope
@@ -43,6 +45,7 @@ class StateCollector(Collector):
         weights: dict[str, int] = {}
         override: float | None = None
         live: dict[str, int] = {}
+        pools: list[dict[str, Any]] = []
         try:
             with session_scope(readonly=True) as session:
                 policy = traffic.current(session)
@@ -55,6 +58,7 @@ class StateCollector(Collector):
                 weights = fair_view.weights(session, [o for o in {*waiting, *limits}
                                                       if o != metrics.OTHER_ORGS])
                 live = placement_view.live_by_provider(session)
+            pools = pools_view.show()
         except sa.exc.SQLAlchemyError as exc:
             log.warning("metrics: the database did not answer: %s", exc)
         up.add_metric(["database"], 0.0 if held is None else 1.0)
@@ -73,6 +77,7 @@ class StateCollector(Collector):
             yield limit
             yield from _fair(waiting, weights)
             yield _live(live, self.settings.served)
+            yield from _pools(pools)
 
     def _rates(self, override: float | None) -> list[Metric] | None:
         rate = GaugeMetricFamily("playrun_start_rate_per_second",
@@ -132,6 +137,22 @@ def _fair(waiting: dict[str, int], weights: dict[str, int]) -> Iterator[Metric]:
     for org, w in weights.items():
         weight.add_metric([org], float(w))
     yield weight
+
+
+def _pools(pools: list[dict[str, Any]]) -> Iterator[Metric]:
+    members = GaugeMetricFamily("playrun_pool_sandboxes",
+                                "Warm pool sandboxes by pool and state (ready, claiming, "
+                                "refilling, retiring).", labels=["pool", "provider", "state"])
+    events = CounterMetricFamily("playrun_pool_events",
+                                 "Warm pool claims, misses, refills and expiries, fleet-wide "
+                                 "(counted in Redis).", labels=["pool", "event"])
+    for p in pools:
+        for state in ("ready", "claiming", "refilling", "retiring"):
+            members.add_metric([p["name"], p["provider"], state], float(p[state]))
+        for event in POOL_STATS:
+            events.add_metric([p["name"], event], float(p[event]))
+    yield members
+    yield events
 
 
 def _capacity(by_org: dict[str, dict[str, int]]) -> Metric:

@@ -15,7 +15,7 @@ did not take raises, and the outbox keeps the run until its resend is taken.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
@@ -27,8 +27,10 @@ from tasks.constants import (
     QUEUE,
     RELEASE_QUEUE,
 )
-from tasks.settings import Settings
 from tasks.store.netguard import redis_socket_options
+
+if TYPE_CHECKING:  # `import tasks` reads no setting: the app module imports this one
+    from tasks.settings import Settings
 
 REDIS_TRANSPORT = "tasks.broker.transport:Transport"
 # Every worker consumes these; host and provider queues are added per worker (tasks/worker/boot).

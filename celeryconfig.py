@@ -10,13 +10,18 @@ from kombu import Exchange, Queue
 from tasks.constants import MAINTENANCE_QUEUE, QUEUE, RELEASE_QUEUE
 from tasks.settings import get_settings
 from tasks.store.netguard import celery_backend_options, redis_socket_options
+from tasks.store.redisconn import celery_settings
 
 _settings = get_settings()
+# A redis+sentinel:// URL becomes Celery's sentinel:// list and a master_name option.
+_redis = celery_settings(_settings.redis_url)
 
-broker_url = _settings.redis_url
-if broker_url.startswith(("redis://", "rediss://")):  # not sentinel:// or another broker
+broker_url = _redis["broker_url"]
+if broker_url.startswith(("redis://", "rediss://")):  # not Sentinel or another broker
     broker_transport = "tasks.broker.transport:Transport"
-result_backend = _settings.redis_url
+result_backend = _redis["result_backend"]
+# The URL as playrun's own clients read it (tasks/broker/lean.py pushes with one of them).
+playrun_redis_url = _settings.redis_url
 
 # Ack after the task finishes, so a task whose worker dies is delivered again;
 # the SQL claim makes that redelivery safe (a play never runs twice).
@@ -28,6 +33,7 @@ worker_prefetch_multiplier = 1
 # Redis redelivers unacked messages after this; it must outlive every countdown we schedule
 # (checked in Settings.check), or a waiting message would be delivered twice.
 broker_transport_options = {"visibility_timeout": _settings.visibility_timeout_s,
+                            **_redis["transport_options"],
                             # A half-open broker connection fails and is replaced, never
                             # waited on forever (tasks/store/netguard.py).
                             **redis_socket_options(_settings.network_timeout_s)}
@@ -36,7 +42,8 @@ redis_socket_timeout = _backend["redis_socket_timeout"]
 redis_socket_connect_timeout = _backend["redis_socket_connect_timeout"]
 redis_socket_keepalive = _backend["redis_socket_keepalive"]
 redis_backend_health_check_interval = _backend["redis_backend_health_check_interval"]
-result_backend_transport_options = {"visibility_timeout": _settings.visibility_timeout_s}
+result_backend_transport_options = {"visibility_timeout": _settings.visibility_timeout_s,
+                                    **_redis["transport_options"]}
 # On a lost broker connection, cancel the late-acked tasks in flight: they will be
 # redelivered anyway, and finishing them would ack nothing.
 worker_cancel_long_running_tasks_on_connection_loss = True

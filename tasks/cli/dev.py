@@ -73,10 +73,10 @@ def apply_state(environ: dict[str, str] | Any = os.environ) -> bool:
     # Importing `tasks` read the settings and gave Celery its broker already: redo both.
     from tasks.broker.app import app
     from tasks.settings import get_settings, reset_settings
+    from tasks.store.redisconn import point_celery
 
     reset_settings()
-    url = get_settings().redis_url
-    app.conf.update(broker_url=url, result_backend=url)
+    point_celery(app.conf, get_settings().redis_url)
     return True
 
 

@@ -356,7 +356,7 @@ def _reload_settings() -> None:
     """Settings are read once per process, and Celery took its broker from them: redo both."""
     from tasks.broker.app import app
     from tasks.settings import get_settings, reset_settings
+    from tasks.store.redisconn import point_celery
 
     reset_settings()
-    url = get_settings().redis_url
-    app.conf.update(broker_url=url, result_backend=url)
+    point_celery(app.conf, get_settings().redis_url)

@@ -177,6 +177,17 @@ class Cluster:
             node.stop()
 
 
+def most_in_window(times: list[float], window_s: float) -> int:
+    """The most starts any window of `window_s` seconds holds."""
+    times = sorted(times)
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= window_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
 def started(topology: SentinelGroup | Cluster) -> Iterator[Any]:
     """For a fixture: the topology started, and stopped after the test."""
     try:

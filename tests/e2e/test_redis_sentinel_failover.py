@@ -16,9 +16,10 @@ from tasks.broker.app import app
 from tasks.constants import EventKind
 from tasks.settings import get_settings, reset_settings
 from tasks.store.redisconn import point_celery
+from tasks.testing.topologies import SentinelGroup
 from tests.support.helpers import eventually
 from tests.support.paths import ROOT
-from tests.support.redis_topologies import SentinelGroup, most_in_window, started
+from tests.support.redis_topologies import most_in_window, started
 from tests.support.runs import FAST_RECOVERY
 from tests.support.stack import Worker, worker_env
 

@@ -22,8 +22,9 @@ from tasks.acquisition.startrate import RateRule, StartRateLimiter
 from tasks.constants import KEY_FAIR, KEY_GATEWAY
 from tasks.gateway.fleet.store import FleetStore
 from tasks.store import redisconn
+from tasks.testing.topologies import Cluster, SentinelGroup
 from tests.support.paths import ROOT
-from tests.support.redis_topologies import Cluster, SentinelGroup, most_in_window, started
+from tests.support.redis_topologies import most_in_window, started
 
 RATE = 600.0  # per minute: one start per 100 ms
 RULE = RateRule("provider", RATE, RATE, RATE, 0.0, 0.5)

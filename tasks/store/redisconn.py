@@ -17,6 +17,8 @@ result backend (`celery_settings`).
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote, unquote
@@ -25,8 +27,9 @@ import redis
 import redis.asyncio as aredis
 import redis.asyncio.sentinel as asentinel
 from redis.cluster import ClusterNode, RedisCluster
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from tasks.constants import SENTINEL_FOLLOW_S
 from tasks.errors import ConfigurationError
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -112,6 +115,37 @@ def redact(url: str) -> str:
     return f"{head}{sep}{userinfo.partition(':')[0]}:***@{tail}"
 
 
+class FollowingPool(SentinelConnectionPool):
+    """A Sentinel pool that asks for the primary at most every SENTINEL_FOLLOW_S while in
+    use: after a planned failover the old primary takes writes until the sentinels
+    reconfigure it (about 10 s), so a pool that only asks on connect keeps writing there.
+    A changed answer drops the idle connections; busy ones are dropped as they return."""
+
+    _asked_at = float("-inf")
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if now - self._asked_at >= SENTINEL_FOLLOW_S:
+            self._asked_at = now
+            with contextlib.suppress(redis.RedisError):  # no answer: the command will say
+                self.proxy.get_master_address()  # type: ignore[no-untyped-call]
+        return super().get_connection(*args, **kwargs)
+
+
+class AsyncFollowingPool(asentinel.SentinelConnectionPool):
+    """FollowingPool for asyncio (the gateway)."""
+
+    _asked_at = float("-inf")
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if now - self._asked_at >= SENTINEL_FOLLOW_S:
+            self._asked_at = now
+            with contextlib.suppress(redis.RedisError):
+                await self.get_master_address()  # type: ignore[no-untyped-call]
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
 def _sentinel_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     """The sentinels are asked with the same socket bounds (never with the password)."""
     return {k: v for k, v in options.items()
@@ -131,7 +165,8 @@ def client(url: str, **options: Any) -> redis.Redis:
     manager = Sentinel(  # type: ignore[no-untyped-call]
         list(target.nodes), sentinel_kwargs=_sentinel_kwargs(options))
     found: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
-        target.service, redis_class=redis.Redis, db=target.db,
+        target.service, redis_class=redis.Redis, connection_pool_class=FollowingPool,
+        db=target.db,
         **target.credentials, **options)
     return found
 
@@ -157,7 +192,8 @@ def async_client(url: str, **options: Any) -> aredis.Redis:
     manager = asentinel.Sentinel(  # type: ignore[no-untyped-call]
         list(target.nodes), sentinel_kwargs=_sentinel_kwargs(options))
     found: aredis.Redis = manager.master_for(
-        target.service, redis_class=aredis.Redis, db=target.db,
+        target.service, redis_class=aredis.Redis, connection_pool_class=AsyncFollowingPool,
+        db=target.db,
         **target.credentials, **options)
     return found
 

@@ -4,6 +4,7 @@ bound under contending processes on a cluster and through a failover (docs/opera
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -15,14 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from redis.crc import key_slot
 
 from tasks.acquisition.fairshare.store import Keys
 from tasks.acquisition.startrate import RateRule, StartRateLimiter
 from tasks.constants import KEY_FAIR, KEY_GATEWAY
-from tasks.gateway.fleet.store import FleetStore
+from tasks.gateway.fleet.store import FleetStore, client_for
 from tasks.store import redisconn
 from tasks.testing.topologies import Cluster, SentinelGroup
+from tests.support.helpers import eventually
 from tests.support.paths import ROOT
 from tests.support.redis_topologies import most_in_window, started
 
@@ -75,6 +78,8 @@ def test_urls_translate_for_celery_and_redis_py() -> None:
 
 
 def test_clients_follow_the_primary_through_a_failover(sentinel_group: SentinelGroup) -> None:
+    """After SENTINEL FAILOVER the old primary takes writes for ~10 s more, until the
+    sentinels turn it into a replica: clients in use must move off it before that."""
     url = sentinel_group.url(5)
     client = redisconn.client(url, socket_timeout=2)
     client.set("before", "1")
@@ -84,14 +89,41 @@ def test_clients_follow_the_primary_through_a_failover(sentinel_group: SentinelG
     old = sentinel_group.primary_port()
     new = sentinel_group.failover()
     assert new != old
-    # The same clients now write to the new primary (a graceful failover loses nothing).
-    permit = limiter.acquire(bucket, [RULE])
-    client.set("after", "1")
-    assert client.connection_pool.get_master_address()[1] == new  # type: ignore[attr-defined]
-    assert not permit.degraded and limiter.degraded_calls == 0
-    assert client.get("before") == b"1"
-    state = limiter.inspect(bucket, [RULE])[0]
-    assert state.exists and state.tat_us > 0
+    promoted = redis.Redis(port=new, db=5)
+
+    def lands_on_new(key: str) -> bool:
+        client.set(key, "1")
+        return promoted.get(key) == b"1"
+
+    # Within SENTINEL_FOLLOW_S (0.5 s), long before the old primary refuses writes.
+    started = time.monotonic()
+    eventually(lambda: lands_on_new(f"k-{uuid.uuid4().hex[:6]}"), timeout=5,
+               what="the client's writes to reach the new primary")
+    assert time.monotonic() - started < 3
+    eventually(lambda: limiter.acquire(bucket, [RULE]).granted and promoted.exists(
+        limiter.key(bucket, RULE.name)), timeout=5, what="the limiter on the new primary")
+    assert limiter.degraded_calls == 0
+    assert promoted.get("before") == b"1"  # a planned failover loses nothing
+    # The gateway's asyncio client, as its budgets make it, reaches the new primary too.
+    assert asyncio.run(_async_get(url, "before")) == b"1"
+    assert asyncio.run(_async_port(url)) == new
+
+
+async def _async_port(url: str) -> int:
+    client = client_for(url)
+    try:
+        await client.ping()
+        return int(client.connection_pool.master_address[1])  # type: ignore[attr-defined]
+    finally:
+        await client.aclose()
+
+
+async def _async_get(url: str, key: str) -> object:
+    client = client_for(url)
+    try:
+        return await client.get(key)
+    finally:
+        await client.aclose()
 
 
 def test_start_rate_when_the_primary_is_killed(sentinel_group: SentinelGroup) -> None:

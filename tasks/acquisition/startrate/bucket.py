@@ -113,7 +113,7 @@ def no_retry_client(client: redis.Redis, socket_timeout_s: float) -> redis.Redis
     own: redis.ConnectionPool
     if isinstance(pool, SentinelConnectionPool):  # still asks the sentinels for the primary
         kwargs.pop("connection_pool", None)  # the original pool's proxy
-        own = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+        own = type(pool)(  # the same kind: redisconn's pool keeps following the primary
             pool.service_name, pool.sentinel_manager, is_master=pool.is_master,
             check_connection=pool.check_connection, connection_class=pool.connection_class,
             max_connections=pool.max_connections, **kwargs)

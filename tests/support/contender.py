@@ -1,7 +1,9 @@
 """One process contending for a start-rate bucket, as a worker does: acquire, sleep to a
 reserved slot, count the start; prints its starts as JSON when its time is up.
 
-    python -m tests.support.contender URL BUCKET RATE_PER_MIN SECONDS RULES
+    python -m tests.support.contender URL BUCKET RATE_PER_MIN START_AT SECONDS RULES
+
+All contenders start at START_AT (epoch seconds), after their imports, so they overlap.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from tasks.acquisition.startrate import RateRule, StartRateLimiter
 from tasks.store import redisconn
 
 
-def main(url: str, bucket: str, rate: float, seconds: float, rules: int) -> None:
+def main(url: str, bucket: str, rate: float, start_at: float, seconds: float,
+         rules: int) -> None:
     options = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
     if redisconn.parse(url).kind == "cluster":
         options["retry"] = Retry(NoBackoff(), 0)
@@ -25,7 +28,8 @@ def main(url: str, bucket: str, rate: float, seconds: float, rules: int) -> None
     # Fixed rate (no growth); a second rule makes an acquire touch two keys.
     chosen = [RateRule(f"r{i}", rate, rate, rate, 0.0, 0.5) for i in range(rules)]
     starts: list[tuple[float, bool]] = []
-    end = time.time() + seconds
+    time.sleep(max(0.0, start_at - time.time()))
+    end = start_at + seconds
     while time.time() < end:
         permit = limiter.acquire(bucket, chosen, observed_successes=0)
         if permit.granted:
@@ -39,4 +43,5 @@ def main(url: str, bucket: str, rate: float, seconds: float, rules: int) -> None
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]),
+         int(sys.argv[6]))

@@ -17,8 +17,8 @@ _settings = get_settings()
 _redis = celery_settings(_settings.redis_url)
 
 broker_url = _redis["broker_url"]
-if broker_url.startswith(("redis://", "rediss://")):  # not Sentinel or another broker
-    broker_transport = "tasks.broker.transport:Transport"
+if _redis["transport"]:  # not a unix socket or another broker
+    broker_transport = _redis["transport"]
 result_backend = _redis["result_backend"]
 # The URL as playrun's own clients read it (tasks/broker/lean.py pushes with one of them).
 playrun_redis_url = _settings.redis_url

@@ -37,7 +37,9 @@ CLUSTER_SCHEME = "redis+cluster"
 _PLAIN = ("redis", "rediss", "unix")
 DEFAULT_PORT = 6379
 SENTINEL_PORT = 26379
-Kind = Literal["redis", "sentinel", "cluster"]
+Kind = Literal["redis", "sentinel", "cluster", "other"]
+# kombu's transports with playrun's changes (one command client; pools that follow).
+_TRANSPORT = "tasks.broker.transport:Transport"
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def parse(url: str) -> Target:
             "Redis URL: write Sentinel as redis+sentinel://host:port[,host:port]/service/db "
             "(playrun translates it for Celery)")
     if scheme not in (SENTINEL_SCHEME, CLUSTER_SCHEME):
-        raise ConfigurationError(f"Redis URL {redact(url)!r}: unknown scheme {scheme!r}")
+        return Target("other", url)  # another broker for Celery; no client of playrun's
     # urlsplit refuses a comma list in the port; split the credentials off by hand.
     rest = url.split("://", 1)[1]
     netloc, _, path = rest.partition("/")
@@ -132,6 +134,18 @@ class FollowingPool(SentinelConnectionPool):
         return super().get_connection(*args, **kwargs)
 
 
+def following(pool: SentinelConnectionPool, **overrides: Any) -> FollowingPool:
+    """A FollowingPool on the same service, sentinels and connection options (`overrides`
+    replace some), for pools made elsewhere (kombu's) or copied (the limiter's)."""
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
+    kwargs.update(overrides)
+    return FollowingPool(  # type: ignore[no-untyped-call]
+        pool.service_name, pool.sentinel_manager, is_master=pool.is_master,
+                         check_connection=pool.check_connection,
+                         connection_class=pool.connection_class,
+                         max_connections=pool.max_connections, **kwargs)
+
+
 class AsyncFollowingPool(asentinel.SentinelConnectionPool):
     """FollowingPool for asyncio (the gateway)."""
 
@@ -156,7 +170,7 @@ def client(url: str, **options: Any) -> redis.Redis:
     """A client on the server, or on the primary Sentinel names (found again after a
     failover). `options` are redis-py connection options (timeouts, retry)."""
     target = parse(url)
-    if target.kind == "redis":
+    if target.kind in ("redis", "other"):  # redis-py names what it cannot read
         return redis.Redis.from_url(url, **options)
     if target.kind == "cluster":
         raise ConfigurationError(
@@ -184,7 +198,7 @@ def script_client(url: str, **options: Any) -> redis.Redis | RedisCluster:
 def async_client(url: str, **options: Any) -> aredis.Redis:
     """`client` for asyncio (the gateway)."""
     target = parse(url)
-    if target.kind == "redis":
+    if target.kind in ("redis", "other"):
         plain: aredis.Redis = aredis.Redis.from_url(url, **options)
         return plain
     if target.kind == "cluster":
@@ -205,8 +219,10 @@ def celery_settings(url: str) -> dict[str, Any]:
     the service as the ``master_name`` transport option of both the broker and the backend.
     """
     target = parse(url)
-    if target.kind == "redis":
-        return {"broker_url": url, "result_backend": url, "transport_options": {}}
+    if target.kind in ("redis", "other"):
+        transport = _TRANSPORT if url.startswith(("redis://", "rediss://")) else None
+        return {"broker_url": url, "result_backend": url, "transport_options": {},
+                "transport": transport}
     if target.kind == "cluster":
         client(url)  # raises: no Cluster transport
     auth = ""
@@ -215,7 +231,8 @@ def celery_settings(url: str) -> dict[str, Any]:
     joined = ";".join(f"sentinel://{auth}{host}:{port}/{target.db}"
                       for host, port in target.nodes)
     return {"broker_url": joined, "result_backend": joined,
-            "transport_options": {"master_name": target.service}}
+            "transport_options": {"master_name": target.service},
+            "transport": _TRANSPORT.replace(":Transport", ":SentinelTransport")}
 
 
 def point_celery(conf: Any, url: str) -> None:
@@ -223,6 +240,7 @@ def point_celery(conf: Any, url: str) -> None:
     found = celery_settings(url)
     options = found["transport_options"]
     conf.update(broker_url=found["broker_url"], result_backend=found["result_backend"],
+                broker_transport=found["transport"],
                 playrun_redis_url=url,
                 broker_transport_options={**(conf.broker_transport_options or {}), **options},
                 result_backend_transport_options={

@@ -49,6 +49,7 @@ from tasks.acquisition.startrate.maths import MPM, Penalty, Permit, RateRule, Ru
 from tasks.constants import KEY_START_RATE
 from tasks.errors import StartRateReplyError
 from tasks.settings import Settings
+from tasks.store import redisconn
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +113,7 @@ def no_retry_client(client: redis.Redis, socket_timeout_s: float) -> redis.Redis
         kwargs[name] = socket_timeout_s if current is None else min(current, socket_timeout_s)
     own: redis.ConnectionPool
     if isinstance(pool, SentinelConnectionPool):  # still asks the sentinels for the primary
-        kwargs.pop("connection_pool", None)  # the original pool's proxy
-        own = type(pool)(  # the same kind: redisconn's pool keeps following the primary
-            pool.service_name, pool.sentinel_manager, is_master=pool.is_master,
-            check_connection=pool.check_connection, connection_class=pool.connection_class,
-            max_connections=pool.max_connections, **kwargs)
+        own = redisconn.following(pool, **kwargs)
     else:
         own = redis.ConnectionPool(
             connection_class=pool.connection_class, max_connections=pool.max_connections,

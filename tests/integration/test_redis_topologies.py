@@ -70,19 +70,6 @@ def bound(window_s: float) -> int:
     return int(window_s * RATE / 60) + 1
 
 
-def test_urls_translate_for_celery_and_redis_py() -> None:
-    url = "redis+sentinel://u:p%40ss@127.0.0.1:26379,127.0.0.1:26380/playrun/2"
-    target = redisconn.parse(url)
-    assert (target.kind, target.service, target.db) == ("sentinel", "playrun", 2)
-    assert target.nodes == (("127.0.0.1", 26379), ("127.0.0.1", 26380))
-    assert target.credentials == {"username": "u", "password": "p@ss"}
-    celery = redisconn.celery_settings(url)
-    assert celery["broker_url"] == ("sentinel://u:p%40ss@127.0.0.1:26379/2;"
-                                    "sentinel://u:p%40ss@127.0.0.1:26380/2")
-    assert celery["transport_options"] == {"master_name": "playrun"}
-    assert redisconn.redact(url) == "redis+sentinel://u:***@127.0.0.1:26379,127.0.0.1:26380/playrun/2"
-
-
 def test_clients_follow_the_primary_through_a_failover(sentinel_group: SentinelGroup) -> None:
     """After SENTINEL FAILOVER the old primary takes writes for ~10 s more, until the
     sentinels turn it into a replica: clients in use must move off it before that."""

@@ -84,7 +84,7 @@ def contended(url: str, procs: int, seconds: float) -> float:
     for p in ps:
         p.join()
     assert all(d == 0 for _, d in got), "a call degraded"
-    return sum(n for n, _ in got) / seconds
+    return float(sum(n for n, _ in got)) / seconds
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from tasks.broker.config import broker_settings
 from tasks.constants import QUEUE
 from tasks.settings import get_settings
 from tasks.store.netguard import celery_backend_options
+from tasks.store.redisconn import celery_settings
 
 _settings = get_settings()
 
@@ -22,13 +23,18 @@ broker_transport = _broker["broker_transport"]
 broker_transport_options = _broker["broker_transport_options"]
 if "broker_heartbeat" in _broker:
     broker_heartbeat = _broker["broker_heartbeat"]
-result_backend = _settings.redis_url
+# A redis+sentinel:// URL becomes Celery's sentinel:// list and a master_name option.
+_results = celery_settings(_settings.redis_url)
+result_backend = _results["result_backend"]
+# The URL as playrun's own clients read it (tasks/broker/lean.py pushes with one of them).
+playrun_redis_url = _settings.redis_url
 _backend = celery_backend_options(_settings.network_timeout_s)
 redis_socket_timeout = _backend["redis_socket_timeout"]
 redis_socket_connect_timeout = _backend["redis_socket_connect_timeout"]
 redis_socket_keepalive = _backend["redis_socket_keepalive"]
 redis_backend_health_check_interval = _backend["redis_backend_health_check_interval"]
-result_backend_transport_options = {"visibility_timeout": _settings.visibility_timeout_s}
+result_backend_transport_options = {"visibility_timeout": _settings.visibility_timeout_s,
+                                    **_results["transport_options"]}
 # On a lost broker connection, cancel the late-acked tasks in flight: they will be
 # redelivered anyway, and finishing them would ack nothing.
 worker_cancel_long_running_tasks_on_connection_loss = True

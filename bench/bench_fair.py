@@ -27,11 +27,11 @@ import time
 import uuid
 from pathlib import Path
 
-import redis
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bench_env, pct, start_worker
+from tasks.store import redisconn
 
 ROOT = Path(__file__).resolve().parent.parent
 NOOP = str(ROOT / "examples" / "plays" / "noop.py")
@@ -69,7 +69,7 @@ def clean(env: dict[str, str]) -> None:
                           "WHERE state IN ('reserved', 'live')"))
         s.execute(sa.text("UPDATE attempts SET state = 'ended' WHERE state IN "
                           "('active', 'deferred')"))
-    client = redis.Redis.from_url(env["PLAYRUN_REDIS_URL"])
+    client = redisconn.client(env["PLAYRUN_REDIS_URL"])
     for key in client.scan_iter(match="*"):
         if not key.startswith(b"playrun:bench-session"):
             client.delete(key)
@@ -152,7 +152,7 @@ def memory(base: dict[str, str], order: str, backlog: int) -> tuple[int, int]:
     from tasks.constants import QUEUE
 
     use(base, order, 600)
-    client = redis.Redis.from_url(base["PLAYRUN_REDIS_URL"])
+    client = redisconn.client(base["PLAYRUN_REDIS_URL"])
     before = int(client.info("memory")["used_memory"])
     submit(f"mem-{order}-{uuid.uuid4().hex[:6]}", backlog)
     after = int(client.info("memory")["used_memory"])

@@ -162,11 +162,10 @@ def overhead(double: Any, env: dict[str, str], log_dir: Path, n: int,
 
 def reset_bucket(provider: str) -> None:
     """A fresh start-rate bucket for the provider (what a new deployment starts from)."""
-    import redis
-
     from tasks.constants import KEY_START_RATE
+    from tasks.store import redisconn
 
-    client = redis.Redis.from_url(os.environ["PLAYRUN_REDIS_URL"])
+    client = redisconn.client(os.environ["PLAYRUN_REDIS_URL"])
     for key in client.scan_iter(f"{KEY_START_RATE}{{{provider}}}*"):
         client.delete(key)
     client.close()

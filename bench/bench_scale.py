@@ -40,8 +40,6 @@ def timed(fn: Callable[[], object], per: int = 1) -> float:
 
 
 def rows(env: dict[str, str], long_run: str) -> list[tuple[str, str, float]]:
-    import redis
-
     import tasks
     from tasks.acquisition import capacity
     from tasks.acquisition.claim import Claimed, claim
@@ -52,10 +50,11 @@ def rows(env: dict[str, str], long_run: str) -> list[tuple[str, str, float]]:
     from tasks.maintenance.reaper import expire_reservations, reap
     from tasks.sandbox import SandboxRef
     from tasks.settings import get_settings
+    from tasks.store import redisconn
     from tasks.store.db import session_scope
 
     settings = get_settings()
-    broker = redis.Redis.from_url(env["PLAYRUN_REDIS_URL"])
+    broker = redisconn.client(env["PLAYRUN_REDIS_URL"])
     n = [0]
 
     def submit_one() -> float:

@@ -47,6 +47,7 @@ from bench.common import (  # noqa: E402
     tree_cpu,
     tree_pids,
 )
+from tasks.store import redisconn  # noqa: E402
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 
@@ -64,7 +65,7 @@ def plain(n: int, env: dict[str, str], log_dir: Path) -> tuple[float, float]:
             w.wait_for("ready.", timeout=90)
         from bench.plain_app import count
 
-        counter = redis.Redis.from_url(env["PLAYRUN_REDIS_URL"])
+        counter = redisconn.client(env["PLAYRUN_REDIS_URL"])
         warm = f"warm-{uuid.uuid4().hex}"
         for _ in range(20):
             count.delay(warm)

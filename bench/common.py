@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 import psycopg
 import redis
 
-# import tasks reads no setting: these are safe before bench_env sets the environment
 from tasks.host.processes import free_port, pid_alive
+
+# import tasks reads no setting: these are safe before bench_env sets the environment
+from tasks.store import redisconn
 from tasks.testing import Beat, Child, Gateway, Worker
 
 C = TypeVar("C", bound=Child)
@@ -84,7 +86,7 @@ def bench_env(
         yield env
     finally:
         db.dispose_engines()
-        redis.Redis.from_url(env["PLAYRUN_REDIS_URL"]).flushdb()
+        redisconn.client(env["PLAYRUN_REDIS_URL"]).flushdb()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         shutil.rmtree(env["PLAYRUN_SANDBOX_ROOT"], ignore_errors=True)

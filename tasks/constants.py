@@ -315,6 +315,10 @@ DEV_SECRET_KEY: Final = "playrun-dev-secret-do-not-use-in-production"
 # The CLI, as a person at a terminal meets it: a broker that does not answer fails a
 # submit within seconds, and a wait with no worker says so after this long.
 CLI_BROKER_TIMEOUT_S: Final = 2.0
+# How often a Sentinel client in use asks which server is the primary (tasks/store/redisconn.py).
+SENTINEL_FOLLOW_S: Final = 0.5
+# A start-rate call slower than this degrades to the in-memory pace (startrate/bucket.py).
+START_RATE_TIMEOUT_S: Final = 2.0
 CLI_NO_WORKER_HINT_S: Final = 5.0
 # `playrun dev` writes the URLs of its stack here; the CLI reads them when PLAYRUN_* is unset.
 DEV_STATE_FILE: Final = "dev.json"

@@ -33,12 +33,18 @@ class Settings(GatewaySettings, SandboxSettings, DatabaseSettings):
         description="SQLAlchemy URL of the database (PostgreSQL in production).")
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
-        description="Redis: the Celery result backend, the start-rate buckets, and the broker "
-                    "unless PLAYRUN_BROKER_URL names another.")
+        description="Redis: the Celery result backend, playrun's own keys, and the broker "
+                    "unless PLAYRUN_BROKER_URL names another; redis://host:port/db, or "
+                    "redis+sentinel://host:port[,host:port]/service/db for the primary Redis "
+                    "Sentinel names.")
     broker_url: str = Field(
         default="",
         description="The Celery broker when not PLAYRUN_REDIS_URL: amqp://user:password@host:"
                     "5672/vhost for RabbitMQ (quorum queues, publisher confirms).")
+    start_rate_redis_url: str | None = Field(
+        default=None,
+        description="Redis of the start-rate buckets alone, when not PLAYRUN_REDIS_URL: any "
+                    "form of that, or redis+cluster://host:port[,host:port] (Redis Cluster).")
     org_capacity: int = Field(
         default=10, ge=0, le=MAX_SQL_INT,
         description="Concurrent sandboxes per org (per-org overrides: playrun capacity set).")
@@ -196,6 +202,14 @@ class Settings(GatewaySettings, SandboxSettings, DatabaseSettings):
         return self.database_url.startswith("postgresql")
 
     def check(self) -> Settings:
+        from tasks.store.redisconn import parse  # a leaf module: no import cycle
+
+        if parse(self.redis_url).kind == "cluster":
+            raise ConfigurationError(
+                "PLAYRUN_REDIS_URL cannot be a Redis Cluster (Celery's broker has no Cluster "
+                "transport); set PLAYRUN_START_RATE_REDIS_URL to the cluster instead")
+        if self.start_rate_redis_url is not None:
+            parse(self.start_rate_redis_url)
         if self.visibility_timeout_s <= self.max_countdown_s * 2:
             raise ConfigurationError(
                 "PLAYRUN_VISIBILITY_TIMEOUT_S must exceed twice PLAYRUN_MAX_COUNTDOWN_S",

@@ -17,11 +17,16 @@ import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from tasks.acquisition import ceiling, starthistory
 from tasks.acquisition.policy import THROTTLE, Policy
 from tasks.acquisition.startrate import Permit, RateRule, StartRateLimiter, rules_for
+from tasks.constants import START_RATE_TIMEOUT_S
 from tasks.observe import metrics
 from tasks.settings import Settings, get_settings
+from tasks.store import redisconn
 from tasks.store.notify import redis_client
 
 
@@ -36,12 +41,21 @@ class PermitDecision:
 
 @lru_cache(maxsize=4)
 def _limiter(url: str, pid: int, horizon_ms: int) -> StartRateLimiter:
-    return StartRateLimiter(redis_client(url), horizon_ms=horizon_ms)
+    if redisconn.parse(url).kind == "cluster":
+        # The limiter cannot copy a cluster client's pools: this one never re-sends.
+        cluster = redisconn.script_client(
+            url, socket_timeout=START_RATE_TIMEOUT_S,
+            socket_connect_timeout=START_RATE_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0))
+        return StartRateLimiter(cluster, horizon_ms=horizon_ms)
+    return StartRateLimiter(redis_client(url), horizon_ms=horizon_ms,
+                            socket_timeout_s=START_RATE_TIMEOUT_S)
 
 
 def limiter() -> StartRateLimiter:
     settings = get_settings()
-    return _limiter(settings.redis_url, os.getpid(), settings.start_local_sleep_ms)
+    url = settings.start_rate_redis_url or settings.redis_url
+    return _limiter(url, os.getpid(), settings.start_local_sleep_ms)
 
 
 _lock = threading.Lock()

@@ -28,6 +28,7 @@ from tasks.constants import (
     RELEASE_QUEUE,
 )
 from tasks.store.netguard import redis_socket_options
+from tasks.store.redisconn import celery_settings
 
 if TYPE_CHECKING:  # `import tasks` reads no setting: the app module imports this one
     from tasks.settings import Settings
@@ -79,13 +80,16 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
             broker_heartbeat=settings.network_timeout_s,
         )
         return out
-    redis_transport = urlsplit(url).scheme in ("redis", "rediss")  # not sentinel://
+    # redis+sentinel:// becomes Celery's sentinel:// list and its master_name option.
+    redis = celery_settings(url)
     out.update(
-        broker_transport=REDIS_TRANSPORT if redis_transport else None,
+        broker_url=redis["broker_url"],
+        broker_transport=redis["transport"],
         # Redis redelivers unacked messages after this; it must outlive every countdown we
         # schedule (checked in Settings.check), or a waiting message would be delivered
         # twice. A half-open connection fails and is replaced (tasks/store/netguard.py).
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s,
+                                  **redis["transport_options"],
                                   **redis_socket_options(settings.network_timeout_s)},
     )
     return out
@@ -93,7 +97,12 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
 
 def rebind(app: Any, settings: Settings) -> None:
     """Point a running app at `settings`' broker and result backend."""
-    app.conf.update(**broker_settings(settings), result_backend=settings.redis_url)
+    results = celery_settings(settings.redis_url)
+    app.conf.update(**broker_settings(settings), result_backend=results["result_backend"],
+                    playrun_redis_url=settings.redis_url,
+                    result_backend_transport_options={
+                        **(app.conf.result_backend_transport_options or {}),
+                        **results["transport_options"]})
     app._pool = None
     amqp = app.__dict__.get("amqp")
     if amqp is not None:

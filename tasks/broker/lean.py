@@ -43,11 +43,18 @@ def dumps(value: Any) -> str:
     return str(kombu_dumps(value))  # type: ignore[no-untyped-call]
 
 
-def _direct(app: Any, url: str) -> bool:
-    """Our envelope is kombu's only for plain Redis without a global key prefix."""
+def _direct_url(app: Any) -> str | None:
+    """The broker's URL for playrun's own client when our envelope is kombu's: plain Redis
+    or Sentinel (the same lists) without a global key prefix; None otherwise."""
+    url = str(app.conf.broker_url or "")
+    if url.startswith("sentinel://"):  # Celery's form of a redis+sentinel:// URL
+        url = str(app.conf.get("playrun_redis_url") or "")
     options = app.conf.broker_transport_options or {}
-    return url.startswith(("redis://", "rediss://")) and not options.get(
-        "global_keyprefix") and "priority_steps" not in options and "sep" not in options
+    plain = url.startswith(("redis://", "rediss://", "redis+sentinel://"))
+    if plain and not options.get("global_keyprefix") and "priority_steps" not in options \
+            and "sep" not in options:
+        return url
+    return None
 
 
 def envelope(app: Any, task_id: str, name: str, args: list[Any], queue: str = QUEUE) -> str:
@@ -113,8 +120,8 @@ def oldest_waiting(app: Any, queue: str = QUEUE) -> str | None:
     pushes on the left and pops on the right), or None: an empty queue, another broker
     (RabbitMQ shows no message without delivering it), or a message that is not a
     task's."""
-    url = str(app.conf.broker_url or "")
-    if not _direct(app, url):
+    url = _direct_url(app)
+    if url is None:
         return None
     try:
         raw = redis_client(url).lindex(queue, -1)
@@ -132,10 +139,10 @@ def oldest_waiting(app: Any, queue: str = QUEUE) -> str | None:
 def queue_length(app: Any, queues: Sequence[str]) -> int:
     """Messages waiting on `queues` in all, in one round trip (0 when another broker does
     not say)."""
-    url = str(app.conf.broker_url or "")
-    if is_amqp(url):
+    if is_amqp(str(app.conf.broker_url or "")):
         return rabbit.ready(app, queues)
-    if not _direct(app, url):
+    url = _direct_url(app)
+    if url is None:
         return 0
     pipe = redis_client(url).pipeline(transaction=False)
     for name in queues:
@@ -151,9 +158,9 @@ def send_tasks(app: Any, messages: Sequence[Message], queue: str = QUEUE) -> Non
     """
     if not messages:
         return
-    url = str(app.conf.broker_url or "")  # Celery's settings are slow to read: once
+    url = _direct_url(app)  # Celery's settings are slow to read: once
     for name, group in _by_queue(messages, queue).items():
-        if _direct(app, url):
+        if url is not None:
             push(redis_client(url), app, group, name)
         else:
             produce(app, group, name, url)

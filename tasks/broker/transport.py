@@ -1,4 +1,5 @@
-"""kombu's Redis transport, with one command client per channel instead of one per call.
+"""kombu's Redis transport, with one command client per channel instead of one per call;
+and its Sentinel transport, with pools that follow the primary (SentinelTransport).
 
 kombu builds a new `redis.Redis` for every ack, every unacked-index write and every
 publish (its `conn_or_acquire`), and a client's constructor fills a fresh table of reply
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+
+from tasks.store import redisconn
 
 
 class Channel(kombu_redis.Channel):
@@ -30,3 +33,17 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        # kombu's pool asks the sentinels only on connect: publishes would go on to the old
+        # primary for ~10 s after a planned failover (tasks/store/redisconn.py).
+        pool = super()._sentinel_managed_pool(asynchronous)  # type: ignore[no-untyped-call]
+        return redisconn.following(pool)
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport, its pools following the primary."""
+
+    Channel = SentinelChannel

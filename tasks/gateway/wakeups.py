@@ -11,6 +11,7 @@ import logging
 import redis.asyncio as aredis
 
 from tasks.constants import KEY_POOL_ASSIGNED
+from tasks.store import redisconn
 
 log = logging.getLogger("playrun.gateway")
 
@@ -46,7 +47,7 @@ class Wakeups:
 
     async def _listen(self) -> None:
         while True:
-            client = aredis.Redis.from_url(self._url, socket_keepalive=True)
+            client = redisconn.async_client(self._url, socket_keepalive=True)
             try:
                 async with client.pubsub() as pubsub:
                     await pubsub.subscribe(KEY_POOL_ASSIGNED)

@@ -12,6 +12,7 @@ import redis
 
 from tasks.constants import KEY_RUN_DONE
 from tasks.settings import get_settings
+from tasks.store import redisconn
 
 log = logging.getLogger("playrun.notify")
 _clients: dict[tuple[int, str], redis.Redis] = {}
@@ -23,9 +24,8 @@ def redis_client(url: str | None = None) -> redis.Redis:
     key = (os.getpid(), url)
     client = _clients.get(key)
     if client is None:
-        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2,
-                                      socket_keepalive=True,
-                                      health_check_interval=30)
+        client = redisconn.client(url, socket_timeout=5, socket_connect_timeout=2,
+                                  socket_keepalive=True, health_check_interval=30)
         _clients[key] = client
     return client
 

@@ -41,6 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+from redis.sentinel import SentinelConnectionPool
 
 from tasks.acquisition.startrate import maths
 from tasks.acquisition.startrate.fallback import LocalStartRateLimiter
@@ -48,6 +49,7 @@ from tasks.acquisition.startrate.maths import MPM, Penalty, Permit, RateRule, Ru
 from tasks.constants import KEY_START_RATE
 from tasks.errors import StartRateReplyError
 from tasks.settings import Settings
+from tasks.store import redisconn
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +111,13 @@ def no_retry_client(client: redis.Redis, socket_timeout_s: float) -> redis.Redis
     for name in ("socket_timeout", "socket_connect_timeout"):
         current = kwargs.get(name)
         kwargs[name] = socket_timeout_s if current is None else min(current, socket_timeout_s)
-    own = redis.ConnectionPool(
-        connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs,
-    )
+    own: redis.ConnectionPool
+    if isinstance(pool, SentinelConnectionPool):  # still asks the sentinels for the primary
+        own = redisconn.following(pool, **kwargs)
+    else:
+        own = redis.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=pool.max_connections,
+            **kwargs)
     return redis.Redis(connection_pool=own)
 
 

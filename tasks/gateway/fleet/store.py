@@ -23,6 +23,7 @@ from tasks.gateway.fleet import maths
 from tasks.gateway.fleet.maths import Params
 from tasks.gateway.fleet.pipe import Pipe
 from tasks.gateway.fleet.scripts import script
+from tasks.store import redisconn
 
 Key = tuple[str, int]  # (run id, generation): one attempt
 # A Redis that answers slower than this is unavailable to the gateway: the budgets are
@@ -33,7 +34,7 @@ TIMEOUT_S = 0.5
 def client_for(url: str) -> aredis.Redis:
     """The gateway process's own pool: commands are never re-sent (a timed-out admit may
     have run), and a slow Redis costs a request at most TIMEOUT_S."""
-    client: aredis.Redis = aredis.Redis.from_url(
+    client: aredis.Redis = redisconn.async_client(
         url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S,
         socket_keepalive=True, retry=Retry(NoBackoff(), 0))
     return client

@@ -28,7 +28,6 @@ from tasks.constants import (
     RELEASE_QUEUE,
 )
 from tasks.store.netguard import redis_socket_options
-from tasks.store.redisconn import celery_settings
 
 if TYPE_CHECKING:  # `import tasks` reads no setting: the app module imports this one
     from tasks.settings import Settings
@@ -80,7 +79,10 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
             broker_heartbeat=settings.network_timeout_s,
         )
         return out
-    # redis+sentinel:// becomes Celery's sentinel:// list and its master_name option.
+    # redis+sentinel:// becomes Celery's sentinel:// list and its master_name option (read
+    # when the app is configured: `import tasks` imports no Redis client).
+    from tasks.store.redisconn import celery_settings
+
     redis = celery_settings(url)
     out.update(
         broker_url=redis["broker_url"],
@@ -97,6 +99,8 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
 
 def rebind(app: Any, settings: Settings) -> None:
     """Point a running app at `settings`' broker and result backend."""
+    from tasks.store.redisconn import celery_settings
+
     results = celery_settings(settings.redis_url)
     app.conf.update(**broker_settings(settings), result_backend=results["result_backend"],
                     playrun_redis_url=settings.redis_url,

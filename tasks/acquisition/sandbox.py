@@ -126,20 +126,16 @@ def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None,
     )
 
 
-def note_requested(fence: Fence, provider: str, missed_pool: str | None = None) -> None:
-    """The permit is granted and the provider is asked (not durable: see start.py); a
-    warm pool that had no sandbox for the attempt is recorded with it."""
+def note_requested(fence: Fence, provider: str) -> None:
+    """The permit is granted and the provider is asked (not durable: see start.py)."""
     data = {"provider": provider}
-    if get_settings().is_postgres and missed_pool is None:
+    if get_settings().is_postgres:
         if not append_if_current(fence, EventKind.SANDBOX_REQUESTED, data):
             raise FenceLostError(f"attempt {fence.generation} of run {fence.run_id} is "
                                  f"not current")
         return
     with session_scope(durable=False) as session:
         hold(session, fence)
-        if missed_pool is not None:
-            ledger.append(session, fence.run_id, EventKind.POOL_MISSED, {"pool": missed_pool},
-                          fence.generation)
         ledger.append(session, fence.run_id, EventKind.SANDBOX_REQUESTED, data, fence.generation)
 
 
@@ -220,8 +216,8 @@ def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:
 
 
 def create(provider: SandboxProvider, claimed: Claimed, settings: Settings,
-           lease_id: str | None, missed_pool: str | None = None) -> SandboxRef:
-    note_requested(claimed.fence, provider.name, missed_pool)
+           lease_id: str | None) -> SandboxRef:
+    note_requested(claimed.fence, provider.name)
     # Only a resumed attempt can have had a sandbox: a new generation skips the read.
     earlier = recorded_sandboxes(claimed.fence) if claimed.resumed else 0
     return provider.create(spec_for(claimed, settings, lease_id, earlier))

@@ -134,12 +134,10 @@ _DEFERRED = Acquired(Step.DEFERRED)
 
 
 def acquire_sandbox(opened: Opened, settings: Settings, routed: str | None = None,
-                    past_permit: Callable[[], None] | None = None,
-                    missed_pool: str | None = None) -> Acquired:
+                    past_permit: Callable[[], None] | None = None) -> Acquired:
     """Raises FenceLostError when the attempt lost its fence on the way. `routed`: the
     provider the start message was placed on, if any; `past_permit` is called once a
-    start permit is decided (the fair relay's window); `missed_pool`: the warm pool that
-    had no sandbox for this attempt (its create records the miss)."""
+    start permit is decided (the fair relay's window)."""
     claimed, policy = opened.claimed, opened.policy
     fence = claimed.fence
     if policy.mode == traffic.HOLD:
@@ -168,11 +166,10 @@ def acquire_sandbox(opened: Opened, settings: Settings, routed: str | None = Non
     if placed is None:
         own = routed if routed in settings.served else settings.primary_provider
         got = _create_on(provider_for(own), claimed, policy, lease_id, settings,
-                         can_fail_over=False, past_permit=past_permit, missed_pool=missed_pool)
+                         can_fail_over=False, past_permit=past_permit)
         assert isinstance(got, Acquired)
         return got
-    return _create_placed(placed, pooled, claimed, policy, lease_id, settings, past_permit,
-                          missed_pool)
+    return _create_placed(placed, pooled, claimed, policy, lease_id, settings, past_permit)
 
 
 def pool_provider(routed: str | None, settings: Settings) -> str:
@@ -182,8 +179,7 @@ def pool_provider(routed: str | None, settings: Settings) -> str:
 
 def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
                    policy: traffic.Policy, lease_id: str, settings: Settings,
-                   past_permit: Callable[[], None] | None,
-                   missed_pool: str | None = None) -> Acquired:
+                   past_permit: Callable[[], None] | None) -> Acquired:
     """Each candidate provider in turn, within this attempt and its one capacity lease."""
     fence = claimed.fence
     name_of = placed.policy.name
@@ -212,7 +208,7 @@ def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
         provider = provider_for(name)
         got = _create_on(provider, claimed, policy, lease_id, settings,
                          can_fail_over=index < last, resume_on=placed.candidates[0][0],
-                         past_permit=past_permit, missed_pool=missed_pool if index == 0 else None)
+                         past_permit=past_permit)
         if isinstance(got, Acquired):
             return got
         try:
@@ -230,8 +226,7 @@ def _create_placed(placed: placement.Placed, pooled: str, claimed: Claimed,
 def _create_on(provider: SandboxProvider, claimed: Claimed, policy: traffic.Policy,
                lease_id: str, settings: Settings, *, can_fail_over: bool,
                resume_on: str | None = None,
-               past_permit: Callable[[], None] | None = None,
-               missed_pool: str | None = None) -> Acquired | str:
+               past_permit: Callable[[], None] | None = None) -> Acquired | str:
     """Permit and create on one provider: the Acquired step, or the cause (an error kind)
     to fail over for. A rate limit defers on this provider; a refusal of the last
     candidate defers the attempt to `resume_on` (the first) for a later full pass."""
@@ -250,7 +245,7 @@ def _create_on(provider: SandboxProvider, claimed: Claimed, policy: traffic.Poli
               detail=f"start rate {decision.rate:g}/min")
         return _DEFERRED
     try:
-        ref = create(provider, claimed, settings, lease_id, missed_pool)
+        ref = create(provider, claimed, settings, lease_id)
     except ProviderError as exc:
         metrics.provider_create(provider.name, exc.kind)
         if exc.kind in ("transport", "auth"):

@@ -112,13 +112,16 @@ def _promoter(fence: Fence, lease_id: str | None,
 def launch_warm(fence: Fence, pool: Pool, lease_id: str | None,
                 settings: Settings) -> tuple[Launch, Claim] | None:
     """Claim a warm sandbox of `pool` and record it live and launched, in one durable
-    transaction; None (nothing written) when the pool has no ready member. Its standby
-    runner takes the assignment from the gateway: there is no exec to lose."""
+    transaction; None when the pool has no ready member (the same transaction records the
+    miss, and the attempt starts cold). Its standby runner takes the assignment from the
+    gateway: there is no exec to lose."""
     launch_id = secrets.token_hex(16)
     with session_scope() as session:
         hold(session, fence)  # the run row first, as every writer locks: then the member
         claim = claim_in(session, pool, fence)
         if claim is None:
+            ledger.append(session, fence.run_id, EventKind.POOL_MISSED, {"pool": pool.name},
+                          fence.generation)
             return None
         ref = SandboxRef(claim.provider, claim.sandbox_id,
                          {LABEL_POOL: claim.pool, LABEL_MEMBER: claim.member_id},

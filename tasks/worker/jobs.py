@@ -105,10 +105,10 @@ def _start(self: Task, run_id: str, routed: str | None, settings: Settings,
     claimed = opened.claimed
     fence = claimed.fence
     try:
-        warm, missed = _start_warm(opened, settings, routed)
+        warm = _start_warm(opened, settings, routed)
         if warm is not None:
             return warm
-        acquired = acquire_sandbox(opened, settings, routed, past_permit, missed)
+        acquired = acquire_sandbox(opened, settings, routed, past_permit)
         if acquired.step == Step.FAILED:
             finish(fence, Outcome.failed(acquired.code, acquired.error), acquired.reason)
         if acquired.step != Step.LIVE or acquired.ref is None:
@@ -137,29 +137,28 @@ def _start(self: Task, run_id: str, routed: str | None, settings: Settings,
     return launched.step.value
 
 
-def _start_warm(opened: Opened, settings: Settings,
-                routed: str | None) -> tuple[str | None, str | None]:
-    """A warm sandbox for the attempt, if its pool has one: (the launch's step, None); or
-    (None, the pool that had none); or (None, None) when no pool applies."""
+def _start_warm(opened: Opened, settings: Settings, routed: str | None) -> str | None:
+    """The launch's step when the attempt took a warm sandbox; None when its pool had none
+    (the miss is in its ledger) or no pool applies: it starts cold."""
     if (opened.lease_id is None or opened.full is not None or opened.provider_full
             or opened.policy.mode == traffic.HOLD):
-        return None, None
+        return None
     fence = opened.claimed.fence
     pool = pool_claim.applicable(fence, routed, settings)
     if pool is None:
-        return None, None
+        return None
     got = launch_warm(fence, pool, opened.lease_id, settings)
     ask_refill(pool.name, pool.provider, pool_claim.host_of(pool.provider))
     if got is None:
         pool_stats.count(pool.name, "misses")
         metrics.pool_claim(pool.name, "missed")
-        return None, pool.name
+        return None
     step, _claim = got
     pool_stats.count(pool.name, "claims")
     metrics.pool_claim(pool.name, "claimed")
     if step == Launch.CANCELLED:
         finish(fence, CANCELLED_OUTCOME, CANCEL_REASON)
-    return step.value, None
+    return step.value
 
 
 def ask_refill(name: str, provider_name: str, host: str) -> None:

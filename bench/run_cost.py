@@ -2,6 +2,14 @@
 Redis commands, phase by phase (docs/design.md, "What each run costs").
 
     python bench/run_cost.py [-k 5] [--details] [--no-heartbeat-minute]
+    python bench/run_cost.py --load 300 --rate 10 --rate 40
+
+`--load N` measures instead what runs cost under load, where the gateway's heartbeat
+batches and the release batches serve many runs: N no-op runs submitted one at a time at
+each `--rate` (runs/s), on servers without the statement log (it costs CPU), two worker
+processes; per run: commits (pg_stat_database), PostgreSQL CPU (bench/costlib.py), time
+inside statements (pg_stat_statements), WAL bytes, Redis calls (INFO commandstats, scripts'
+commands included, BRPOP left out) and Redis CPU, less the same span idle.
 
 On servers of its own (exact counts: no other user), a gateway, a fake-runner host and one
 worker (`--without-heartbeat`, watchdog off: per-worker traffic, not per-run; no beat) run
@@ -40,6 +48,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import costlib  # noqa: E402
 from bench.common import (  # noqa: E402
     Child,
     bench_env,
@@ -289,8 +298,13 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=5, help="measured runs (after 3 warm ones)")
     parser.add_argument("--details", action="store_true", help="statements, Redis commands")
     parser.add_argument("--no-heartbeat-minute", action="store_true")
+    parser.add_argument("--load", type=int, default=0, metavar="N", help="runs per load")
+    parser.add_argument("--rate", type=float, action="append", help="runs/s (repeatable)")
     args = parser.parse_args()
     stop_on_sigterm()
+    if args.load:
+        under_load(args.load, args.rate or [10.0], details=args.details)
+        return
     log_dir = Path(tempfile.mkdtemp(prefix="bench-run-cost-"))
     pg_options = ("-c", "log_statement=all", "-c", f"log_line_prefix={LOG_PREFIX}",
                   "-c", "autovacuum=off")
@@ -350,6 +364,54 @@ def main() -> None:
             print(f"\n{phase}:")
             for key in sorted(k for k in c if k.startswith(("sql: ", "key: ", "lua.")) and c[k]):
                 print(f"  {c[key]:5g}  {key}")
+
+
+def under_load(n: int, rates: list[float], *, details: bool) -> None:
+    """The `--load` mode (module docstring)."""
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-run-cost-load-"))
+    pg_options = ("-c", "shared_preload_libraries=pg_stat_statements", "-c", "autovacuum=off",
+                  "-c", "pg_stat_statements.track_utility=on")
+    with private_servers(log_dir, pg_options) as (pg_base, redis_base), \
+            bench_env(redis_db=0, pg_base=pg_base, redis_base=redis_base) as env:
+        import tasks
+        from tasks.sandbox import FakeScript
+
+        root = Path(env["PLAYRUN_SANDBOX_ROOT"])
+        FakeScript(root).set(hosted_runners=True)
+        env.update(gateway_env(log_dir))
+        env.update({"PLAYRUN_SANDBOX_PROVIDER": "fake", "PLAYRUN_WORKER_WATCHDOG_S": "0",
+                    "PLAYRUN_METRICS_DIR": str(log_dir / "metrics"),
+                    **{f"PLAYRUN_METRICS_{kind}_ADDR": "127.0.0.1:0"
+                       for kind in ("WORKER", "BEAT", "GATEWAY")}})
+        os.environ.update(env)
+        env = {**os.environ, **env}
+        pg = psycopg.connect(pg_base.replace("+psycopg", "") + "/postgres", autocommit=True)
+        pg.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        cpu = costlib.ServerCPU(log_dir / "pgdata", redis.Redis.from_url(env["PLAYRUN_REDIS_URL"]))
+        procs = [start_gateway(env, log_dir)]
+        try:
+            host = start_child("runner-host", [sys.executable, "-m", "tasks.sandbox.fake_runners",
+                                               str(root)], env, log_dir)
+            procs.append(host)
+            host.wait_for("ready")
+            procs += [start_worker(env, log_dir, f"cost{i}", extra=("--without-heartbeat",))
+                      for i in range(2)]
+            play = {"fake": {"seconds": 0.3}}
+
+            def submit() -> None:
+                tasks.submit_run(NOOP, input=play, org_id="bench-cost")
+
+            costlib.run_load(submit, pg, cpu, database_name(env), root, 20, 10.0)  # warm
+            results = [(rate, *costlib.run_load(submit, pg, cpu, database_name(env), root, n,
+                                                rate)) for rate in rates]
+            top = costlib.top_statements(pg, database_name(env)) if details else ""
+        finally:
+            for p in reversed(procs):
+                p.stop()
+    for rate, per_run, elapsed in results:
+        print(costlib.load_table(time.strftime("%Y-%m-%d"), per_run, n, rate, elapsed))
+    if top:
+        print(top)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,175 @@
+"""Server-side counters for bench/run_cost.py: CPU time of the PostgreSQL cluster's and of
+Redis's processes, WAL bytes and pg_stat_statements' execution time.
+
+CPU is read from /proc/<pid>/schedstat (time on a CPU, in ns) of the postmaster and every
+process it forked: backends, the WAL writer, the checkpointer. pg_stat_statements' time is
+the time inside statements (not parse, commit or the protocol), so it is the smaller of the
+two; both are given.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _on_cpu_ns(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # gone between the listing and the read
+
+
+def _children(parent: int) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            pids.append(int(entry.name))
+    return pids
+
+
+class ServerCPU:
+    """On-CPU time of the PostgreSQL cluster in `pgdata` and of the Redis server at `redis`
+    (ns). Backends that exited take their time with them: the pools keep theirs open."""
+
+    def __init__(self, pgdata: Path, redis: Any) -> None:
+        self.postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+        self.redis = redis
+
+    def pg_ns(self) -> int:
+        return sum(_on_cpu_ns(pid) for pid in [self.postmaster, *_children(self.postmaster)])
+
+    def redis_us(self) -> float:
+        info = self.redis.info("cpu")
+        return (float(info["used_cpu_user"]) + float(info["used_cpu_sys"])) * 1e6
+
+    def redis_calls(self) -> Counter[str]:
+        """Calls per command, as Redis counts them (commands run by scripts included)."""
+        stats = self.redis.info("commandstats")
+        return Counter({name.removeprefix("cmdstat_"): int(v["calls"])
+                        for name, v in stats.items()})
+
+
+PG_STATS_SQL = """
+SELECT pg_current_wal_lsn() - '0/0'::pg_lsn,
+       (SELECT coalesce(sum(total_exec_time), 0) FROM pg_stat_statements s
+        JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %(db)s),
+       (SELECT xact_commit FROM pg_stat_database WHERE datname = %(db)s)
+"""
+
+# Commands that are the measurement's own or an idle consumer's, not a run's.
+NOT_A_RUN = ("info", "monitor", "brpop", "ping", "client|setname", "client|list",
+             "config|get", "command|docs")
+
+
+def snapshot(pg: Any, cpu: ServerCPU, datname: str) -> Counter[str]:
+    """Cumulative server counters: WAL bytes, statement time (ms), commits, CPU, Redis."""
+    wal, exec_ms, commits = pg.execute(PG_STATS_SQL, {"db": datname}).fetchone()
+    c: Counter[str] = Counter({"pg.wal_bytes": int(wal), "pg.exec_ms": float(exec_ms),
+                               "pg.commits": int(commits or 0),
+                               "pg.cpu_ms": cpu.pg_ns() / 1e6,
+                               "redis.cpu_us": cpu.redis_us()})
+    calls = cpu.redis_calls()
+    c["redis.calls"] = sum(v for k, v in calls.items() if k not in NOT_A_RUN)
+    return c
+
+
+def settled_snapshot(pg: Any, cpu: ServerCPU, datname: str, wait_s: float = 11.0
+                     ) -> Counter[str]:
+    """`snapshot` once PostgreSQL's cumulative statistics caught up: an idle backend
+    flushes its commit counts up to 10 s late."""
+    time.sleep(wait_s)  # a fixed wait: the server gives no sign of the flush
+    return snapshot(pg, cpu, datname)
+
+
+class Sandboxes(threading.Thread):
+    """Names every sandbox the fake provider makes (a directory `fsb-*`, which the release
+    deletes), looking every 10 ms while the runs are submitted and after."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(name="sandboxes", daemon=True)
+        self.root, self.seen, self.now = root, set[str](), set[str]()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.01):
+            self.now = {p.name for p in self.root.glob("fsb-*")}
+            self.seen |= self.now
+
+    def done(self, want: int) -> bool:
+        """All `want` were made and every one is gone again (released)."""
+        return len(self.seen) >= want and not self.now
+
+
+LOAD_ROWS = [("commits", "pg.commits"), ("PG CPU ms", "pg.cpu_ms"),
+             ("PG statement ms", "pg.exec_ms"), ("WAL bytes", "pg.wal_bytes"),
+             ("Redis calls", "redis.calls"), ("Redis CPU µs", "redis.cpu_us")]
+
+
+def load_table(label: str, per_run: Counter[str], n: int, rate: float, elapsed: float) -> str:
+    head = "| load | " + " | ".join(name for name, _ in LOAD_ROWS) + " |"
+    cells = " | ".join(f"{per_run[key]:,.{2 if per_run[key] < 100 else 0}f}"
+                       for _, key in LOAD_ROWS)
+    return "\n".join([
+        f"{label}: {n} no-op runs submitted one by one at {rate:g}/s, done in {elapsed:.1f} s;"
+        " per run, less the same time idle",
+        head, "|---" * (len(LOAD_ROWS) + 1) + "|", f"| {rate:g}/s | {cells} |"])
+
+
+def run_load(submit: Callable[[], None], pg: Any, cpu: ServerCPU, datname: str, root: Path,
+             n: int, rate: float) -> tuple[Counter[str], float]:
+    """Per-run server costs of `n` runs submitted at `rate` a second, less the same time
+    idle (no sandbox left from before). Returns (per run, seconds to the last release)."""
+    before = settled_snapshot(pg, cpu, datname)
+    sandboxes = Sandboxes(root)
+    sandboxes.start()
+    began = time.monotonic()
+    for i in range(n):
+        submit()
+        lag = began + (i + 1) / rate - time.monotonic()
+        if lag > 0:
+            time.sleep(lag)  # pacing the submissions, not waiting for an event
+    deadline = began + n / rate + 120
+    while not sandboxes.done(n):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(sandboxes.seen)} of {n} sandboxes made, not all released")
+        time.sleep(0.02)
+    elapsed = time.monotonic() - began
+    sandboxes.stopping.set()
+    after = settled_snapshot(pg, cpu, datname)
+    # The same span idle (the servers' own timers, the processes' polls), taken off.
+    span = elapsed + 11.0
+    idle = diff(settled_snapshot(pg, cpu, datname, span), after)
+    total = diff(after, before)
+    return Counter({k: (total[k] - idle[k]) / n for k in total}), elapsed
+
+
+def diff(after: Counter[str], before: Counter[str]) -> Counter[str]:
+    return Counter({k: after[k] - before[k] for k in after.keys() | before.keys()})
+
+
+TOP_SQL = """
+SELECT s.calls, s.total_exec_time, regexp_replace(left(s.query, 110), '\\s+', ' ', 'g')
+FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = %(db)s ORDER BY s.total_exec_time DESC LIMIT 15
+"""
+
+
+def top_statements(pg: Any, datname: str) -> str:
+    """The statements that took the most time, over the whole bench (--details)."""
+    lines = ["| calls | total ms | mean ms | statement |", "|---|---|---|---|"]
+    for calls, total, text in pg.execute(TOP_SQL, {"db": datname}).fetchall():
+        lines.append(f"| {calls} | {total:.1f} | {total / max(calls, 1):.3f} | `{text}` |")
+    return "\n".join(lines)

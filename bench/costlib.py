@@ -25,8 +25,9 @@ def _on_cpu_ns(pid: int) -> int:
         return 0  # gone between the listing and the read
 
 
-def _children(parent: int) -> list[int]:
-    pids = []
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process."""
+    out = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -35,9 +36,23 @@ def _children(parent: int) -> list[int]:
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-            pids.append(int(entry.name))
-    return pids
+        out[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
+def _children(parent: int) -> list[int]:
+    return [pid for pid, ppid in _parents().items() if ppid == parent]
+
+
+def tree_ms(roots: list[int]) -> float:
+    """On-CPU time (ms) of these processes and all their descendants (a worker's pool)."""
+    parents = _parents()
+    tree, grew = set(roots), True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(_on_cpu_ns(pid) for pid in tree) / 1e6
 
 
 class ServerCPU:
@@ -47,6 +62,7 @@ class ServerCPU:
     def __init__(self, pgdata: Path, redis: Any) -> None:
         self.postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
         self.redis = redis
+        self.processes: dict[str, list[int]] = {}  # name -> root pids, measured as trees
 
     def pg_ns(self) -> int:
         return sum(_on_cpu_ns(pid) for pid in [self.postmaster, *_children(self.postmaster)])
@@ -75,6 +91,15 @@ NOT_A_RUN = ("info", "monitor", "brpop", "ping", "client|setname", "client|list"
 
 
 def snapshot(pg: Any, cpu: ServerCPU, datname: str) -> Counter[str]:
+    c = _snapshot(pg, cpu, datname)
+    for name, roots in cpu.processes.items():
+        c[f"{name}.cpu_ms"] = tree_ms(roots)  # type: ignore[assignment]  # ms, not a count
+    # This process's main thread submits (its own children are the servers and the rest).
+    c["submit.cpu_ms"] = _on_cpu_ns(os.getpid()) / 1e6  # type: ignore[assignment]
+    return c
+
+
+def _snapshot(pg: Any, cpu: ServerCPU, datname: str) -> Counter[str]:
     """Cumulative server counters: WAL bytes, statement time (ms), commits, CPU, Redis."""
     wal, exec_ms, commits = pg.execute(PG_STATS_SQL, {"db": datname}).fetchone()
     c: Counter[str] = Counter({"pg.wal_bytes": int(wal), "pg.exec_ms": float(exec_ms),
@@ -115,7 +140,9 @@ class Sandboxes(threading.Thread):
 
 LOAD_ROWS = [("commits", "pg.commits"), ("PG CPU ms", "pg.cpu_ms"),
              ("PG statement ms", "pg.exec_ms"), ("WAL bytes", "pg.wal_bytes"),
-             ("Redis calls", "redis.calls"), ("Redis CPU µs", "redis.cpu_us")]
+             ("Redis calls", "redis.calls"), ("Redis CPU µs", "redis.cpu_us"),
+             ("worker CPU ms", "worker.cpu_ms"), ("gateway CPU ms", "gateway.cpu_ms"),
+             ("submit CPU ms", "submit.cpu_ms")]
 
 
 def load_table(label: str, per_run: Counter[str], n: int, rate: float, elapsed: float) -> str:

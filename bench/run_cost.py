@@ -381,6 +381,10 @@ def under_load(n: int, rates: list[float], *, details: bool) -> None:
         env.update(gateway_env(log_dir))
         env.update({"PLAYRUN_SANDBOX_PROVIDER": "fake", "PLAYRUN_WORKER_WATCHDOG_S": "0",
                     "PLAYRUN_METRICS_DIR": str(log_dir / "metrics"),
+                    # The start rate must not pace the load (a start waits in place for
+                    # its slot): its bucket is 10,000/s.
+                    **{f"PLAYRUN_START_RATE_{k}_PER_MIN": "600000"
+                       for k in ("INITIAL", "MAX", "FLOOR")},
                     **{f"PLAYRUN_METRICS_{kind}_ADDR": "127.0.0.1:0"
                        for kind in ("WORKER", "BEAT", "GATEWAY")}})
         os.environ.update(env)
@@ -394,8 +398,10 @@ def under_load(n: int, rates: list[float], *, details: bool) -> None:
                                                str(root)], env, log_dir)
             procs.append(host)
             host.wait_for("ready")
-            procs += [start_worker(env, log_dir, f"cost{i}", extra=("--without-heartbeat",))
-                      for i in range(2)]
+            workers = [start_worker(env, log_dir, f"cost{i}", extra=("--without-heartbeat",))
+                       for i in range(2)]
+            procs += workers
+            cpu.processes = {"worker": [w.pid for w in workers], "gateway": [procs[0].pid]}
             play = {"fake": {"seconds": 0.3}}
 
             def submit() -> None:

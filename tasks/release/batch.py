@@ -86,6 +86,7 @@ def release_batch(holders: Sequence[Holder], one: Callable[[str, int, str], None
     """Release every holder's sandbox and leases; `one(run_id, generation, token)` releases
     a holder the one-holder way. Raises only from the first read, before any delete (the
     caller then goes the one-holder way for all)."""
+    holders = list(dict.fromkeys(holders))  # a holder twice in one batch: released once
     params: dict[str, Any] = {"runs": [h[0] for h in holders], "gens": [h[1] for h in holders],
                               "tokens": [h[2] for h in holders]}
     with driver_cursor() as cur:

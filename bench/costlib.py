@@ -10,7 +10,6 @@ two; both are given.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -82,6 +81,8 @@ PG_STATS_SQL = """
 SELECT pg_current_wal_lsn() - '0/0'::pg_lsn,
        (SELECT coalesce(sum(total_exec_time), 0) FROM pg_stat_statements s
         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %(db)s),
+       (SELECT coalesce(sum(total_plan_time), 0) FROM pg_stat_statements s
+        JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %(db)s),
        (SELECT xact_commit FROM pg_stat_database WHERE datname = %(db)s)
 """
 
@@ -101,8 +102,9 @@ def snapshot(pg: Any, cpu: ServerCPU, datname: str) -> Counter[str]:
 
 def _snapshot(pg: Any, cpu: ServerCPU, datname: str) -> Counter[str]:
     """Cumulative server counters: WAL bytes, statement time (ms), commits, CPU, Redis."""
-    wal, exec_ms, commits = pg.execute(PG_STATS_SQL, {"db": datname}).fetchone()
+    wal, exec_ms, plan_ms, commits = pg.execute(PG_STATS_SQL, {"db": datname}).fetchone()
     c: Counter[str] = Counter({"pg.wal_bytes": int(wal), "pg.exec_ms": float(exec_ms),
+                               "pg.plan_ms": float(plan_ms),
                                "pg.commits": int(commits or 0),
                                "pg.cpu_ms": cpu.pg_ns() / 1e6,
                                "redis.cpu_us": cpu.redis_us()})
@@ -119,27 +121,21 @@ def settled_snapshot(pg: Any, cpu: ServerCPU, datname: str, wait_s: float = 11.0
     return snapshot(pg, cpu, datname)
 
 
-class Sandboxes(threading.Thread):
-    """Names every sandbox the fake provider makes (a directory `fsb-*`, which the release
-    deletes), looking every 10 ms while the runs are submitted and after."""
+def made(root: Path) -> int:
+    """Sandboxes the fake provider has made so far (its script's count of creates)."""
+    from tasks.sandbox import FakeScript
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(name="sandboxes", daemon=True)
-        self.root, self.seen, self.now = root, set[str](), set[str]()
-        self.stopping = threading.Event()
+    return int(FakeScript(root).state()["creates_ok"])
 
-    def run(self) -> None:
-        while not self.stopping.wait(0.01):
-            self.now = {p.name for p in self.root.glob("fsb-*")}
-            self.seen |= self.now
 
-    def done(self, want: int) -> bool:
-        """All `want` were made and every one is gone again (released)."""
-        return len(self.seen) >= want and not self.now
+def released(root: Path) -> bool:
+    """No sandbox is left: the release deletes the fake provider's `fsb-*` directory."""
+    return not any(root.glob("fsb-*"))
 
 
 LOAD_ROWS = [("commits", "pg.commits"), ("PG CPU ms", "pg.cpu_ms"),
-             ("PG statement ms", "pg.exec_ms"), ("WAL bytes", "pg.wal_bytes"),
+             ("PG statement ms", "pg.exec_ms"), ("PG planning ms", "pg.plan_ms"),
+             ("WAL bytes", "pg.wal_bytes"),
              ("Redis calls", "redis.calls"), ("Redis CPU µs", "redis.cpu_us"),
              ("worker CPU ms", "worker.cpu_ms"), ("gateway CPU ms", "gateway.cpu_ms"),
              ("submit CPU ms", "submit.cpu_ms")]
@@ -160,8 +156,7 @@ def run_load(submit: Callable[[], None], pg: Any, cpu: ServerCPU, datname: str, 
     """Per-run server costs of `n` runs submitted at `rate` a second, less the same time
     idle (no sandbox left from before). Returns (per run, seconds to the last release)."""
     before = settled_snapshot(pg, cpu, datname)
-    sandboxes = Sandboxes(root)
-    sandboxes.start()
+    first = made(root)
     began = time.monotonic()
     for i in range(n):
         submit()
@@ -169,12 +164,11 @@ def run_load(submit: Callable[[], None], pg: Any, cpu: ServerCPU, datname: str, 
         if lag > 0:
             time.sleep(lag)  # pacing the submissions, not waiting for an event
     deadline = began + n / rate + 120
-    while not sandboxes.done(n):
+    while made(root) - first < n or not released(root):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{len(sandboxes.seen)} of {n} sandboxes made, not all released")
-        time.sleep(0.02)
+            raise RuntimeError(f"{made(root) - first} of {n} sandboxes made, not all released")
+        time.sleep(0.05)
     elapsed = time.monotonic() - began
-    sandboxes.stopping.set()
     after = settled_snapshot(pg, cpu, datname)
     # The same span idle (the servers' own timers, the processes' polls), taken off.
     span = elapsed + 11.0

@@ -370,7 +370,8 @@ def under_load(n: int, rates: list[float], *, details: bool) -> None:
     """The `--load` mode (module docstring)."""
     log_dir = Path(tempfile.mkdtemp(prefix="bench-run-cost-load-"))
     pg_options = ("-c", "shared_preload_libraries=pg_stat_statements", "-c", "autovacuum=off",
-                  "-c", "pg_stat_statements.track_utility=on")
+                  "-c", "pg_stat_statements.track_utility=on",
+                  "-c", "pg_stat_statements.track_planning=on")
     with private_servers(log_dir, pg_options) as (pg_base, redis_base), \
             bench_env(redis_db=0, pg_base=pg_base, redis_base=redis_base) as env:
         import tasks
@@ -385,6 +386,7 @@ def under_load(n: int, rates: list[float], *, details: bool) -> None:
                     # its slot): its bucket is 10,000/s.
                     **{f"PLAYRUN_START_RATE_{k}_PER_MIN": "600000"
                        for k in ("INITIAL", "MAX", "FLOOR")},
+                    "PLAYRUN_ORG_CAPACITY": "100000",  # nor the org's capacity fail runs
                     **{f"PLAYRUN_METRICS_{kind}_ADDR": "127.0.0.1:0"
                        for kind in ("WORKER", "BEAT", "GATEWAY")}})
         os.environ.update(env)

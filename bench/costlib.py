@@ -10,11 +10,26 @@ two; both are given.
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psycopg
+import redis
+
+from bench.common import (
+    bench_env,
+    database_name,
+    gateway_env,
+    private_servers,
+    start_child,
+    start_gateway,
+    start_worker,
+)
 
 
 def _on_cpu_ns(pid: int) -> int:
@@ -194,3 +209,59 @@ def top_statements(pg: Any, datname: str) -> str:
     for calls, total, text in pg.execute(TOP_SQL, {"db": datname}).fetchall():
         lines.append(f"| {calls} | {total:.1f} | {total / max(calls, 1):.3f} | `{text}` |")
     return "\n".join(lines)
+
+
+def under_load(n: int, rates: list[float], play: Path, *, details: bool) -> None:
+    """`bench/run_cost.py --load`: see its docstring."""
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-run-cost-load-"))
+    pg_options = ("-c", "shared_preload_libraries=pg_stat_statements", "-c", "autovacuum=off",
+                  "-c", "pg_stat_statements.track_utility=on",
+                  "-c", "pg_stat_statements.track_planning=on")
+    with private_servers(log_dir, pg_options) as (pg_base, redis_base), \
+            bench_env(redis_db=0, pg_base=pg_base, redis_base=redis_base) as env:
+        import tasks
+        from tasks.sandbox import FakeScript
+
+        root = Path(env["PLAYRUN_SANDBOX_ROOT"])
+        FakeScript(root).set(hosted_runners=True)
+        env.update(gateway_env(log_dir))
+        env.update({"PLAYRUN_SANDBOX_PROVIDER": "fake", "PLAYRUN_WORKER_WATCHDOG_S": "0",
+                    "PLAYRUN_METRICS_DIR": str(log_dir / "metrics"),
+                    # The start rate must not pace the load (a start waits in place for
+                    # its slot): its bucket is 10,000/s.
+                    **{f"PLAYRUN_START_RATE_{k}_PER_MIN": "600000"
+                       for k in ("INITIAL", "MAX", "FLOOR")},
+                    "PLAYRUN_ORG_CAPACITY": "100000",  # nor the org's capacity fail runs
+                    **{f"PLAYRUN_METRICS_{kind}_ADDR": "127.0.0.1:0"
+                       for kind in ("WORKER", "BEAT", "GATEWAY")}})
+        os.environ.update(env)
+        env = {**os.environ, **env}
+        pg = psycopg.connect(pg_base.replace("+psycopg", "") + "/postgres", autocommit=True)
+        pg.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        cpu = ServerCPU(log_dir / "pgdata", redis.Redis.from_url(env["PLAYRUN_REDIS_URL"]))
+        procs = [start_gateway(env, log_dir)]
+        try:
+            host = start_child("runner-host", [sys.executable, "-m", "tasks.sandbox.fake_runners",
+                                               str(root)], env, log_dir)
+            procs.append(host)
+            host.wait_for("ready")
+            workers = [start_worker(env, log_dir, f"cost{i}", extra=("--without-heartbeat",))
+                       for i in range(2)]
+            procs += workers
+            cpu.processes = {"worker": [w.pid for w in workers], "gateway": [procs[0].pid]}
+            noop = {"fake": {"seconds": 0.3}}
+
+            def submit() -> None:
+                tasks.submit_run(play, input=noop, org_id="bench-cost")
+
+            run_load(submit, pg, cpu, database_name(env), root, 20, 10.0)  # warm
+            results = [(rate, *run_load(submit, pg, cpu, database_name(env), root, n,
+                                                rate)) for rate in rates]
+            top = top_statements(pg, database_name(env)) if details else ""
+        finally:
+            for p in reversed(procs):
+                p.stop()
+    for rate, per_run, elapsed in results:
+        print(load_table(time.strftime("%Y-%m-%d"), per_run, n, rate, elapsed))
+    if top:
+        print(top)

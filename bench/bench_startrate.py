@@ -1,4 +1,5 @@
-"""Start-rate bucket: decisions/s against a bare EVALSHA, and accuracy under contention.
+"""Start-rate bucket: decisions/s against the `limits` library's moving window, and
+accuracy under contention.
 
     python bench/bench_startrate.py [--redis redis://127.0.0.1:6379/14]
 
@@ -6,8 +7,12 @@ Without --redis it claims a free bench db (12-15) as the other benches do, so tw
 benches never flush or share each other's keys.
 
 (1) Throughput, side by side on the same Redis: the acquire script (grant path, deny
-    path, two rules) against a trivial ``return 1`` script, pipelined (N calls in
-    pipelines of 100) and one call at a time from Python (latency p50/p99 in us).
+    path, two rules) against the `limits` library's Redis moving-window `hit()` (its
+    script, as `hit()` sends it, with the same arguments; granted, and denied), a trivial
+    ``return 1`` script and the three-call floor, pipelined (N calls in pipelines of 100)
+    and one call at a time from Python (latency p50/p99 in us); the Python calls
+    `limiter.acquire()` and `MovingWindowRateLimiter.hit()` side by side. The goal:
+    acquire >= 1.0x limits' hit, both ways.
 (2) Accuracy: several processes race for 10,000 permits from one bucket with a fixed
     override (so the rate is known); every window must hold at most ceil(W / T) permits.
 """
@@ -23,8 +28,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
+from limits import RateLimitItemPerMinute
+from limits.storage import RedisStorage
+from limits.strategies import MovingWindowRateLimiter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import REDIS_BASE, claim_redis_db
@@ -85,6 +94,35 @@ def per_call(fn: Callable[[], object], n: int,
     return 1e6 / statistics.fmean(samples), q[49], q[98]
 
 
+def pair(fa: Callable[[], object], fb: Callable[[], object], n: int
+         ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """per_call of both, their calls interleaved one for one (B, A, B, A, ...), so that
+    both see the same machine noise."""
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(n):
+        for fn, out in ((fb, samples[1]), (fa, samples[0])):
+            t = time.perf_counter_ns()
+            fn()
+            out.append((time.perf_counter_ns() - t) / 1000)
+
+    def stats(xs: list[float]) -> tuple[float, float, float]:
+        q = statistics.quantiles(xs, n=100)
+        return 1e6 / statistics.fmean(xs), q[49], q[98]
+
+    return stats(samples[0]), stats(samples[1])
+
+
+def limits_call(client: redis.Redis, storage: RedisStorage, ident: str,
+                per_min: int) -> tuple[bytes, list[Any]]:
+    """The SHA and KEYS + ARGV `MovingWindowRateLimiter.hit()` sends (limits' Redis
+    storage: its `acquire_moving_window` script, the client's clock, limit, expiry, 1)."""
+    item = RateLimitItemPerMinute(per_min)
+    script = storage.lua_acquire_moving_window
+    client.script_load(script.script)
+    key = storage.prefixed_key(item.key_for(ident))
+    return script.sha.encode(), [key, time.time(), item.amount, item.get_expiry(), 1]
+
+
 def throughput(url: str, n: int, batch: int, calls: int) -> None:
     client = redis.Redis.from_url(url)
     trivial_sha = client.script_load(TRIVIAL)
@@ -93,8 +131,9 @@ def throughput(url: str, n: int, batch: int, calls: int) -> None:
         client.script_load(load_script(name).body)
     lim = StartRateLimiter(client, horizon_ms=3_600_000)  # grant path: nothing is refused
     deny = StartRateLimiter(client, horizon_ms=0)
+    storage = RedisStorage(url)
+    window = MovingWindowRateLimiter(storage)
     b = f"bench-{uuid.uuid4().hex[:8]}"
-    rows: list[tuple[str, float, float]] = []  # (name, pipelined/s, per-call/s) + latency
 
     def bare() -> object:
         return client.evalsha(trivial_sha, 0)
@@ -104,35 +143,59 @@ def throughput(url: str, n: int, batch: int, calls: int) -> None:
     two = acquire_argv(lim, b + "-2", [FAST, CAP])
     lim.acquire(b + "-d", [SLOW])  # a minute ahead now: every later call is denied
     floor_args = [lim.key(b + "-f", FAST.name), grant[1][1]]  # a key of its own, as packed
+    # limits: 1,000,000/min granted (the window keeps every hit, as many as the calls);
+    # 1/min denied after its first hit.
+    l_grant = limits_call(client, storage, b + "-lg", 1_000_000)
+    l_deny = limits_call(client, storage, b + "-ld", 1)
+    window.hit(RateLimitItemPerMinute(1), b + "-ld")
     rates = pipelined(client, [(trivial_sha, 0, []), (grant[0], 1, grant[1]),
                                (deny_call[0], 1, deny_call[1]), (two[0], 2, two[1]),
-                               (floor_sha, 1, floor_args)], n, batch)
+                               (floor_sha, 1, floor_args), (l_grant[0], 1, l_grant[1]),
+                               (l_deny[0], 1, l_deny[1])], n, batch)
     base_pipe = rates[0]
     base = per_call(bare, calls, base=bare)
-    print(f"\n(1) throughput: {n} EVALSHA pipelined by {batch} (variants take turns); "
-          f"{calls} single calls, interleaved with bare ones; per-call/s = 1 / mean latency")
-    print(f"{'script':<26}{'pipelined/s':>12}{'ratio':>7}{'per-call/s':>12}{'ratio':>7}"
-          f"{'p50 us':>8}{'p99 us':>8}")
+    item = RateLimitItemPerMinute(1_000_000)
 
-    def row(name: str, pipe_rate: float, single: tuple[float, float, float]) -> None:
-        rows.append((name, pipe_rate, single[0]))
-        print(f"{name:<26}{pipe_rate:>12,.0f}{pipe_rate / base_pipe:>7.2f}"
-              f"{single[0]:>12,.0f}{single[0] / base[0]:>7.2f}{single[1]:>8.0f}{single[2]:>8.0f}")
+    def raw(call: tuple[bytes, list[Any]], numkeys: int = 1) -> Callable[[], object]:
+        return lambda: client.evalsha(call[0], numkeys, *call[1])
+
+    # (acquire, limits) pairs, each measured call for call against the other.
+    g_acq, g_lim = pair(raw(grant), raw(l_grant), calls)
+    d_acq, d_lim = pair(raw(deny_call), raw(l_deny), calls)
+    p_acq, p_lim = pair(lambda: lim.acquire(b + "-p", [FAST]),
+                        lambda: window.hit(item, b + "-lp"), calls)
+    print(f"\n(1) throughput: {n} EVALSHA pipelined by {batch} (variants take turns); "
+          f"{calls} single calls, interleaved one for one with limits' (x limits) or with "
+          "bare ones; per-call/s = 1 / mean latency")
+    print(f"{'script':<28}{'pipelined/s':>12}{'x bare':>7}{'x limits':>9}{'per-call/s':>11}"
+          f"{'x limits':>9}{'p50 us':>7}{'x limits':>9}{'p99 us':>7}")
+
+    def row(name: str, pipe_rate: float | None, single: tuple[float, float, float],
+            l_pipe: float | None = None, l_single: tuple[float, float, float] | None = None
+            ) -> None:
+        pipe = "-" if pipe_rate is None else f"{pipe_rate:,.0f}"
+        pipe_x = "-" if pipe_rate is None else f"{pipe_rate / base_pipe:.2f}"
+        lp = "-" if l_pipe is None or pipe_rate is None else f"{pipe_rate / l_pipe:.2f}"
+        ls = "-" if l_single is None else f"{single[0] / l_single[0]:.2f}"
+        l50 = "-" if l_single is None else f"{l_single[1] / single[1]:.2f}"
+        print(f"{name:<28}{pipe:>12}{pipe_x:>7}{lp:>9}{single[0]:>11,.0f}{ls:>9}"
+              f"{single[1]:>7.0f}{l50:>9}{single[2]:>7.0f}")
 
     row("return 1 (bare EVALSHA)", base_pipe, base)
-    for name, (sha, args), numkeys, rate in (("acquire, grant (raw)", grant, 1, rates[1]),
-                                            ("acquire, deny (raw)", deny_call, 1, rates[2]),
-                                            ("acquire, 2 rules (raw)", two, 2, rates[3])):
-        row(name, rate, per_call(lambda s=sha, k=numkeys, a=args: client.evalsha(s, k, *a),
-                                 calls, base=bare))
+    row("limits hit, grant (raw)", rates[5], g_lim)
+    row("limits hit, deny (raw)", rates[6], d_lim)
+    row("acquire, grant (raw)", rates[1], g_acq, rates[5], g_lim)
+    row("acquire, deny (raw)", rates[2], d_acq, rates[6], d_lim)
+    row("acquire, 2 rules (raw)", rates[3], per_call(raw(two, 2), calls, base=bare),
+        rates[5])
     row("floor: TIME, HMGET, HSET", rates[4],
-        per_call(lambda: client.evalsha(floor_sha, 1, *floor_args), calls, base=bare))
-    single = per_call(lambda: lim.acquire(b + "-p", [FAST]), calls, base=bare)
-    print(f"{'limiter.acquire() (Python)':<26}{'-':>12}{'-':>7}{single[0]:>12,.0f}"
-          f"{single[0] / base[0]:>7.2f}{single[1]:>8.0f}{single[2]:>8.0f}")
+        per_call(lambda: client.evalsha(floor_sha, 1, *floor_args), calls, base=bare), rates[5])
+    row("limits hit() (Python)", None, p_lim)
+    row("limiter.acquire() (Python)", None, p_acq, None, p_lim)
     assert lim.degraded_calls == 0 and deny.degraded_calls == 0
     for suffix in ("-g", "-d", "-2", "-p", "-f"):
         client.delete(*(lim.key(b + suffix, r.name) for r in (FAST, CAP, SLOW)))
+    client.delete(l_grant[1][0], l_deny[1][0], storage.prefixed_key(item.key_for(b + "-lp")))
     lim.close()
     deny.close()
     client.close()

@@ -2,6 +2,14 @@
 Redis commands, phase by phase (docs/design.md, "What each run costs").
 
     python bench/run_cost.py [-k 5] [--details] [--no-heartbeat-minute]
+    python bench/run_cost.py --load 300 --rate 10 --rate 40
+
+`--load N` measures instead what runs cost under load, where the gateway's heartbeat
+batches and the release batches serve many runs: N no-op runs submitted one at a time at
+each `--rate` (runs/s), on servers without the statement log (it costs CPU), two worker
+processes; per run: commits (pg_stat_database), PostgreSQL CPU (bench/costlib.py), time
+inside statements (pg_stat_statements), WAL bytes, Redis calls (INFO commandstats, scripts'
+commands included, BRPOP left out) and Redis CPU, less the same span idle.
 
 On servers of its own (exact counts: no other user), a gateway, a fake-runner host and one
 worker (`--without-heartbeat`, watchdog off: per-worker traffic, not per-run; no beat) run
@@ -40,6 +48,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import costlib  # noqa: E402
 from bench.common import (  # noqa: E402
     Child,
     bench_env,
@@ -289,8 +298,13 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=5, help="measured runs (after 3 warm ones)")
     parser.add_argument("--details", action="store_true", help="statements, Redis commands")
     parser.add_argument("--no-heartbeat-minute", action="store_true")
+    parser.add_argument("--load", type=int, default=0, metavar="N", help="runs per load")
+    parser.add_argument("--rate", type=float, action="append", help="runs/s (repeatable)")
     args = parser.parse_args()
     stop_on_sigterm()
+    if args.load:
+        costlib.under_load(args.load, args.rate or [10.0], NOOP, details=args.details)
+        return
     log_dir = Path(tempfile.mkdtemp(prefix="bench-run-cost-"))
     pg_options = ("-c", "log_statement=all", "-c", f"log_line_prefix={LOG_PREFIX}",
                   "-c", "autovacuum=off")

@@ -1,5 +1,6 @@
-"""A run's first start on PostgreSQL in one autocommit statement: the claim, attempt 1 with
-its `attempt.started` event, the run's new state and the capacity reservation.
+"""A run's first start on PostgreSQL in one autocommit statement: the traffic policy read,
+the claim, attempt 1 with its `attempt.started` event, the run's new state and the capacity
+reservation.
 
 That is nearly every start, and the general transaction (tasks/acquisition/start.py) costs
 seven round trips and the ORM's bookkeeping for it. Anything else (a run already tried, a
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from models import new_id
+from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Claimed
+from tasks.acquisition.policy import POLICY_ROWS_SQL
 from tasks.constants import TERMINAL_STATUSES, AttemptState, EventKind, RunStatus
 from tasks.store.db import ASYNC_COMMIT_SQL, driver_cursor, sql_list
 from tasks.store.fence import Fence
@@ -25,8 +28,10 @@ from tasks.store.fence import Fence
 # asked (not under a hold) and is migration 0008's function, which locks the org row and
 # counts after the lock. Both events go in by one INSERT, in ledger order. The commit does
 # not wait for the WAL flush, as the general transaction (the launch record's does).
+# The policy's unexpired rows come back for tasks/acquisition/policy.py to judge; the slot
+# is not taken while any of them is a hold (a hold not in force is then reserved apart).
 _FIRST_START = f"""
-WITH quick AS ({ASYNC_COMMIT_SQL}), claimed AS (
+WITH quick AS ({ASYNC_COMMIT_SQL}), pol AS ({POLICY_ROWS_SQL}), claimed AS (
     SELECT r.id, r.org_id, r.input, r.play_digest FROM runs r, quick
     WHERE r.id = %(run)s AND r.current_generation = 0 AND r.cancel_requested_at IS NULL
       AND r.status NOT IN ({sql_list(TERMINAL_STATUSES)})
@@ -45,7 +50,7 @@ WITH quick AS ({ASYNC_COMMIT_SQL}), claimed AS (
     SELECT f.used, f.lease_id, f.cap FROM claimed, LATERAL playrun_capacity_reserve(
         claimed.org_id, %(lease)s, claimed.id, 1, %(token)s, %(default)s::integer,
         %(observe)s, %(ttl)s) AS f
-    WHERE %(reserve)s
+    WHERE %(reserve)s AND NOT EXISTS (SELECT 1 FROM pol WHERE pol.mode = '{traffic.HOLD}')
 ), events AS (
     INSERT INTO run_events (run_id, generation, kind, data)
     SELECT run_id, 1, kind, data FROM (
@@ -57,7 +62,11 @@ WITH quick AS ({ASYNC_COMMIT_SQL}), claimed AS (
         FROM res WHERE res.lease_id IS NOT NULL AND res.used >= res.cap
     ) AS e ORDER BY n
 )
-SELECT claimed.org_id, claimed.input, b.source, res.lease_id
+SELECT claimed.org_id, claimed.input, b.source, res.lease_id,
+       %(reserve)s AND NOT EXISTS (SELECT 1 FROM pol WHERE pol.mode = '{traffic.HOLD}'),
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(id, mode, starts_per_minute, expires_at,
+                                                    reason) ORDER BY id DESC), '[]')
+        FROM pol), clock_timestamp()
 FROM claimed LEFT JOIN res ON true LEFT JOIN play_bundles b ON b.digest = claimed.play_digest
 """
 
@@ -65,16 +74,18 @@ FROM claimed LEFT JOIN res ON true LEFT JOIN play_bundles b ON b.digest = claime
 @dataclass(frozen=True)
 class FirstStart:
     claimed: Claimed
-    reserved: bool  # asked to reserve: then lease_id is None only if the org was full
+    # Reserved (asked to, and no hold row): then lease_id is None only if the org was full.
+    reserved: bool
     lease_id: str | None
+    policy: traffic.Policy
 
 
 def first_start(run_id: str, *, worker_id: str, lease_seconds: float, reserve: bool,
                 org_capacity: int, observe: bool, reservation_ttl_s: float
                 ) -> FirstStart | None:
-    """Open attempt 1 of RUN_ID and (if `reserve`) take its capacity slot; None when the
-    run is anything but a first start that is due, which the caller claims the general
-    way."""
+    """Open attempt 1 of RUN_ID, read the traffic policy and (if `reserve` and no hold row
+    is unexpired) take its capacity slot; None when the run is anything but a first start
+    that is due, which the caller claims the general way."""
     token = secrets.token_hex(16)
     with driver_cursor() as cur:
         cur.execute(_FIRST_START, {
@@ -84,6 +95,6 @@ def first_start(run_id: str, *, worker_id: str, lease_seconds: float, reserve: b
         row: Any = cur.fetchone()
     if row is None:
         return None
-    org_id, value, source, lease_id = row  # psycopg decodes the jsonb input
+    org_id, value, source, lease_id, reserved, policy_rows, now = row  # jsonb decoded
     claimed = Claimed(Fence(run_id, 1, token), org_id, source or "", value, False)
-    return FirstStart(claimed, reserve, lease_id)
+    return FirstStart(claimed, bool(reserved), lease_id, traffic.from_json(policy_rows, now))

@@ -25,8 +25,8 @@ from tasks.errors import PolicyInvalidError
 from tasks.parse.checks import check_note, check_rate, check_seconds
 from tasks.store.db import session_scope
 
-__all__ = ["HOLD", "NORMAL", "THROTTLE", "Policy", "PolicyInvalidError", "PolicyRow", "current",
-           "current_pg", "read", "set_policy"]
+__all__ = ["HOLD", "NORMAL", "POLICY_ROWS_SQL", "THROTTLE", "Policy", "PolicyInvalidError",
+           "PolicyRow", "current", "current_pg", "from_json", "read", "set_policy"]
 
 log = logging.getLogger("playrun.policy")
 
@@ -86,10 +86,13 @@ _CURRENT = (
     .order_by(TrafficPolicy.id.desc())
     .limit(_SCAN)
 )
-# The same read for a driver cursor (PostgreSQL's hot start path).
-_CURRENT_PG = f"""
-SELECT id, mode, starts_per_minute, expires_at, reason, clock_timestamp() FROM traffic_policies
+# The same rows for PostgreSQL's driver cursors; the first start reads them in its statement.
+POLICY_ROWS_SQL = f"""
+SELECT id, mode, starts_per_minute, expires_at, reason FROM traffic_policies
 WHERE expires_at IS NULL OR expires_at > clock_timestamp() ORDER BY id DESC LIMIT {_SCAN}
+"""
+_CURRENT_PG = f"""
+SELECT p.*, clock_timestamp() FROM ({POLICY_ROWS_SQL}) p ORDER BY p.id DESC
 """
 
 
@@ -103,6 +106,16 @@ def current_pg(cur: psycopg.Cursor[Any]) -> Policy:
     cur.execute(_CURRENT_PG)
     return _pick((PolicyRow(i, mode, rate, _utc(expires), reason), _utc(now))
                  for i, mode, rate, expires, reason, now in cur.fetchall())
+
+
+def from_json(rows: list[list[Any]], now: datetime) -> Policy:
+    """`current` from POLICY_ROWS_SQL's rows as a jsonb array of arrays, newest first."""
+    return _pick((PolicyRow(i, mode, rate, _utc(_instant(expires)), reason), _utc(now))
+                 for i, mode, rate, expires, reason in rows)
+
+
+def _instant(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
 
 
 def _utc(value: datetime | None) -> datetime | None:

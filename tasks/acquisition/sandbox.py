@@ -6,9 +6,11 @@ an owner (or prove there is none) for any sandbox the provider lists.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
+import time
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,7 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from models import Attempt, Run, RuntimeResource, db_now, new_id
+from models import Attempt, Run, RunEvent, RuntimeResource, db_now, new_id
 from tasks import protocol
 from tasks.acquisition.claim import Claimed
 from tasks.constants import (
@@ -34,7 +36,7 @@ from tasks.constants import (
     SandboxState,
 )
 from tasks.errors import FenceLostError
-from tasks.sandbox import SandboxProvider, SandboxRef, SandboxSpec
+from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef, SandboxSpec
 from tasks.sandbox.runtime import host_queue
 from tasks.settings import Settings, get_settings
 from tasks.store import ledger
@@ -126,17 +128,27 @@ def spec_for(claimed: Claimed, settings: Settings, lease_id: str | None,
     )
 
 
-def note_requested(fence: Fence, provider: str) -> None:
-    """The permit is granted and the provider is asked (not durable: see start.py)."""
+def note_requested(fence: Fence, provider: str, ago_s: float = 0.0) -> None:
+    """The permit is granted and the provider was asked `ago_s` before (not durable: see
+    start.py). On PostgreSQL only a create that failed writes it here; a sandbox made
+    has it written by its launch record, in the same statement (`requested`)."""
     data = {"provider": provider}
     if get_settings().is_postgres:
-        if not append_if_current(fence, EventKind.SANDBOX_REQUESTED, data):
+        if not append_if_current(fence, EventKind.SANDBOX_REQUESTED, data, ago_s):
             raise FenceLostError(f"attempt {fence.generation} of run {fence.run_id} is "
                                  f"not current")
         return
     with session_scope(durable=False) as session:
         hold(session, fence)
         ledger.append(session, fence.run_id, EventKind.SANDBOX_REQUESTED, data, fence.generation)
+
+
+def requested(ref: SandboxRef) -> tuple[str, float] | None:
+    """The `sandbox.requested` event a launch record still owes for REF: its data as JSON
+    and how long ago the provider was asked; None when it was written already."""
+    if ref.requested_at is None:
+        return None
+    return json.dumps({"provider": ref.provider}), max(0.0, time.monotonic() - ref.requested_at)
 
 
 def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
@@ -183,6 +195,11 @@ def record_live_in(session: Session, fence: Fence, ref: SandboxRef,
     attempt.host_queue = host_queue(ref.provider)
     if promote is not None:
         promote(session, ref)
+    owed = requested(ref)
+    if owed is not None:
+        session.add(RunEvent(run_id=fence.run_id, generation=fence.generation,
+                             kind=EventKind.SANDBOX_REQUESTED, data={"provider": ref.provider},
+                             at=db_now(-owed[1])))  # added first: inserted first
     ledger.append(session, fence.run_id, EventKind.SANDBOX_LIVE,
                   {"sandbox_id": ref.sandbox_id, "provider": ref.provider},
                   fence.generation)
@@ -217,7 +234,20 @@ def record_for_cleanup(fence: Fence, ref: SandboxRef, why: str) -> None:
 
 def create(provider: SandboxProvider, claimed: Claimed, settings: Settings,
            lease_id: str | None) -> SandboxRef:
-    note_requested(claimed.fence, provider.name)
+    """On PostgreSQL `sandbox.requested` costs no statement of its own: the launch record
+    writes it, dated back to the ask, or, if the create fails, a statement after it. No
+    fence check comes before the create: a stale attempt's sandbox is recorded for cleanup
+    by its launch record (the fence decides there), as one made just before a fence loss."""
+    postgres = settings.is_postgres
+    if not postgres:
+        note_requested(claimed.fence, provider.name)
+    asked = time.monotonic()
     # Only a resumed attempt can have had a sandbox: a new generation skips the read.
     earlier = recorded_sandboxes(claimed.fence) if claimed.resumed else 0
-    return provider.create(spec_for(claimed, settings, lease_id, earlier))
+    try:
+        ref = provider.create(spec_for(claimed, settings, lease_id, earlier))
+    except ProviderError:
+        if postgres:
+            note_requested(claimed.fence, provider.name, time.monotonic() - asked)
+        raise
+    return dataclasses.replace(ref, requested_at=asked) if postgres else ref

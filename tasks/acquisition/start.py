@@ -28,7 +28,7 @@ from tasks.sandbox import ProviderError, SandboxProvider, SandboxRef
 from tasks.sandbox.runtime import provider as provider_for
 from tasks.sandbox.runtime import worker_id
 from tasks.settings import Settings
-from tasks.store.db import driver_cursor, session_scope
+from tasks.store.db import session_scope
 
 log = logging.getLogger("playrun.start")
 
@@ -77,16 +77,14 @@ def open_attempt(run_id: str, settings: Settings,
     """Claim, read the policy and reserve capacity: the run row is locked, then the org's
     capacity row (the order every capacity write takes).
 
-    On PostgreSQL the policy is read first, on its own, and a due first start is then one
-    statement (tasks/acquisition/first_start.py); anything else, and SQLite, takes one
-    transaction that claims, reads the policy (unless read already) and reserves.
+    On PostgreSQL a due first start is one statement that also reads the policy
+    (tasks/acquisition/first_start.py); anything else, and SQLite, takes one transaction
+    that claims, reads the policy and reserves.
     """
     policy: traffic.Policy | None = None
     # A provider pool is a second lease: the one-statement first start takes only one.
     if settings.is_postgres and settings.provider_max_live is None:
-        with driver_cursor() as cur:
-            policy = traffic.current_pg(cur)
-        opened = _first_start(run_id, settings, policy)
+        opened = _first_start(run_id, settings)
         if opened is not None:
             return opened
     with session_scope(durable=False) as session:
@@ -112,22 +110,33 @@ def open_attempt(run_id: str, settings: Settings,
         return Opened(claimed, policy, reservation.lease_id)
 
 
-def _first_start(run_id: str, settings: Settings, policy: traffic.Policy) -> Opened | None:
-    """Attempt 1 and (unless held) its reservation in one statement; None for anything
-    but a due first start."""
+def _first_start(run_id: str, settings: Settings) -> Opened | None:
+    """Attempt 1, the policy and (unless held) its reservation in one statement; None for
+    anything but a due first start."""
     started = first_start(
-        run_id, worker_id=worker_id(), lease_seconds=settings.lease_seconds,
-        reserve=policy.mode != traffic.HOLD, org_capacity=settings.org_capacity,
-        observe=settings.capacity_mode != "enforce",
+        run_id, worker_id=worker_id(), lease_seconds=settings.lease_seconds, reserve=True,
+        org_capacity=settings.org_capacity, observe=settings.capacity_mode != "enforce",
         reservation_ttl_s=settings.capacity_reservation_ttl_s)
     if started is None:
         return None
-    if not started.reserved:
+    policy = started.policy
+    if policy.mode == traffic.HOLD:
         return Opened(started.claimed, policy)
+    if not started.reserved:  # a hold row not in force (expired by now, unsound, overridden)
+        return _reserve_apart(started.claimed, policy, settings)
     if started.lease_id is None:
         return Opened(started.claimed, policy, full=CapacityExceededError(
             CAPACITY_EXCEEDED_MESSAGE))
     return Opened(started.claimed, policy, started.lease_id)
+
+
+def _reserve_apart(claimed: Claimed, policy: traffic.Policy, settings: Settings) -> Opened:
+    with session_scope(durable=False) as session:
+        try:
+            reservation = capacity.reserve(session, claimed.fence, claimed.org_id, settings)
+        except CapacityExceededError as exc:
+            return Opened(claimed, policy, full=exc)
+    return Opened(claimed, policy, reservation.lease_id)
 
 
 _DEFERRED = Acquired(Step.DEFERRED)

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from models import new_id
+from tasks.acquisition.sandbox import requested
 from tasks.constants import AttemptState, EventKind, LeaseState, SandboxState
 from tasks.sandbox import SandboxRef
 from tasks.store.db import one_row
@@ -28,6 +29,8 @@ _LEASE_JOIN = f"""
 
 # held: the run, its attempt (and the reserved lease), locked; live: the sandbox's
 # record unless one exists (then nothing below writes); moved: the lease goes live;
+# event: `sandbox.requested` (dated back to the ask) unless written already, then
+# `sandbox.live`, in ledger order;
 # marked: the launch, unless a cancel is recorded (the release then deletes the sandbox).
 _SQL = """
 WITH held AS ({held}), live AS (
@@ -38,8 +41,14 @@ WITH held AS ({held}), live AS (
     ON CONFLICT (provider, sandbox_id) DO NOTHING
     RETURNING run_id
 ), moved AS ({moved}), event AS (
-    INSERT INTO run_events (run_id, generation, kind, data)
-    SELECT run_id, %(gen)s, '{event}', %(event)s::jsonb FROM live
+    INSERT INTO run_events (run_id, generation, kind, data, at)
+    SELECT live.run_id, %(gen)s, e.kind, e.data, e.at FROM live, (
+        SELECT 1 AS n, '{requested}' AS kind, %(requested)s::jsonb AS data,
+               clock_timestamp() - make_interval(secs => %(ago)s) AS at
+        WHERE %(requested)s::jsonb IS NOT NULL
+        UNION ALL
+        SELECT 2, '{event}', %(event)s::jsonb, clock_timestamp()
+    ) AS e ORDER BY e.n
 ), marked AS (
     UPDATE attempts a SET provider = %(provider)s, sandbox_id = %(sandbox)s,
         host_queue = %(host_queue)s, launch_id = %(launch)s,
@@ -67,7 +76,7 @@ def _statement(with_lease: bool) -> str:
                     _LEASE_JOIN if with_lease else "", "r, a, l" if with_lease else "r, a")
     moved = _MOVED if with_lease else "SELECT 1"
     return _SQL.format(held=held, moved=moved, live=SandboxState.LIVE, event=EventKind.SANDBOX_LIVE,
-                       active=AttemptState.ACTIVE)
+                       requested=EventKind.SANDBOX_REQUESTED, active=AttemptState.ACTIVE)
 
 
 _STATEMENTS = {True: _statement(True), False: _statement(False)}
@@ -90,6 +99,7 @@ def record(cur: psycopg.Cursor[Any], fence: Fence, sandbox: SandboxRef, lease_id
            *, launch_id: str, host_queue: str | None, deadline_s: float,
            lease_s: float) -> FastRecord:
     """Run the statement on an autocommit cursor (one statement: one transaction)."""
+    owed = requested(sandbox)
     params = {
         **fence_params(fence), "lease": lease_id, "resource": new_id(),
         "provider": sandbox.provider, "sandbox": sandbox.sandbox_id,
@@ -97,7 +107,8 @@ def record(cur: psycopg.Cursor[Any], fence: Fence, sandbox: SandboxRef, lease_id
         "event": json.dumps({"sandbox_id": sandbox.sandbox_id,
                              "provider": sandbox.provider}),
         "host_queue": host_queue, "launch": launch_id, "deadline_s": float(deadline_s),
-        "lease_s": float(lease_s),
+        "lease_s": float(lease_s), "requested": None if owed is None else owed[0],
+        "ago": 0.0 if owed is None else owed[1],
     }
     cur.execute(_STATEMENTS[lease_id is not None], params)
     live, marked, created_at, now = one_row(cur)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tasks.constants import RELEASE_BATCH_MAX, TASK_RELEASE_ATTEMPTS
-from tasks.release.attempt import Holder
+from tasks.release.batch import Holder
 
 log = logging.getLogger("playrun.gateway.releases")
 

@@ -14,9 +14,11 @@ from typing import Any
 from tasks.constants import MAX_LEASE_TOKEN_CHARS, RELEASE_BATCH_MAX
 from tasks.errors import InputInvalidError, PlayrunError
 from tasks.parse.checks import check_run_id
+from tasks.release.batch import Holder, release_batch
 from tasks.release.capacity import release_lease
 from tasks.release.receipts import release_receipts
 from tasks.release.sandboxes import Released, release_sandboxes
+from tasks.store.db import get_engine
 
 log = logging.getLogger("playrun.release")
 
@@ -45,9 +47,6 @@ def release_attempt(run_id: str, generation: int, token: str) -> None:
         log.exception("releasing the capacity lease of run %s gen %s failed", run_id, generation)
 
 
-Holder = tuple[str, int, str]  # (run id, generation, holder token)
-
-
 def holder_of(value: Any) -> Holder:
     """One [run_id, generation, token] of a release_attempts message, or InputInvalidError."""
     if not isinstance(value, (list, tuple)) or len(value) != 3:
@@ -71,7 +70,7 @@ def release_attempts(holders: Any) -> int:
     if not isinstance(holders, Sequence) or isinstance(holders, (str, bytes)):
         log.error("release_attempts wants a list of holders, not %s", type(holders).__name__)
         return 0
-    done = 0
+    done: list[Holder] = []
     for index, value in enumerate(holders):
         if index >= RELEASE_BATCH_MAX:
             log.error("release_attempts: %d holders past the limit of %d left to the reaper",
@@ -82,6 +81,13 @@ def release_attempts(holders: Any) -> int:
         except InputInvalidError as exc:
             log.error("release_attempts: holder %d skipped: %s", index, exc)
             continue
-        release_attempt(run_id, generation, token)
-        done += 1
-    return done
+        done.append((run_id, generation, token))
+    if len(done) > 1 and get_engine().dialect.name == "postgresql":
+        try:
+            release_batch(done, release_attempt)
+            return len(done)
+        except Exception:  # its first read failed: nothing was done yet
+            log.exception("the batch's read failed; releasing %d holders one by one", len(done))
+    for holder in done:
+        release_attempt(*holder)
+    return len(done)

@@ -44,7 +44,7 @@ FROM gone
 def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_id: str,
                     generation: int) -> bool:
     """Delete one sandbox at its provider, then mark it deleted (once). True if deleted."""
-    if not _deleted_at_provider(resource_id, provider_name, sandbox_id, run_id):
+    if not deleted_at_provider(resource_id, provider_name, sandbox_id, run_id):
         return False
     if get_engine().dialect.name == "postgresql":
         with driver_cursor() as cur:
@@ -64,7 +64,7 @@ def delete_resource(resource_id: str, provider_name: str, sandbox_id: str, run_i
     return True
 
 
-def _deleted_at_provider(resource_id: str, provider_name: str, sandbox_id: str,
+def deleted_at_provider(resource_id: str, provider_name: str, sandbox_id: str,
                          run_id: str) -> bool:
     try:
         provider(provider_name).delete(sandbox_id)
@@ -116,7 +116,7 @@ def release_sandboxes(run_id: str, generation: int, token: str, *,
             rows = conn.execute(_UNDELETED, params).all()
     if with_leases and len(rows) == 1 and postgres:
         rid, prov, sid = rows[0]
-        if not _deleted_at_provider(rid, prov, sid, run_id):
+        if not deleted_at_provider(rid, prov, sid, run_id):
             return Released(1)
         with driver_cursor() as cur:
             after = mark_and_release(cur, run_id=run_id, generation=generation, token=token,

@@ -111,6 +111,9 @@ class SandboxRef:
     sandbox_id: str
     labels: Mapping[str, str]
     created_at: float  # unix seconds
+    # When this process asked for it (time.monotonic()): the launch record writes the
+    # `sandbox.requested` event then, dated back to it (tasks/acquisition/sandbox.py).
+    requested_at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ def _initial_state() -> dict[str, Any]:
         "max_creates_per_s": None,
         "lose_runner": 0,
         "creates_ok": 0,
+        "creates_begun": 0,  # asked of the provider, decided or not (a sign for tests)
         "creates_rejected": {},
         "create_times": [],
         "runners_lost": 0,
@@ -109,6 +110,7 @@ class FakeScript:
     def admit_create(self) -> None:
         """Decide one create: pop a scripted fault or enforce the rate, else record it."""
         with self._locked(write=True) as state:
+            state["creates_begun"] = int(state.get("creates_begun", 0)) + 1
             latency_ms = int(state["latency_ms"])
             if latency_ms <= 0:
                 kind = self._decide(state)

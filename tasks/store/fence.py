@@ -183,15 +183,18 @@ def fence_params(fence: Fence) -> dict[str, Any]:
 _APPEND_IF_CURRENT = f"""
 WITH quick AS ({ASYNC_COMMIT_SQL}), held AS ({HELD_SQL})
 INSERT INTO run_events (run_id, generation, kind, data, at)
-SELECT held.id, %(gen)s, %(kind)s, %(data)s::jsonb, clock_timestamp() FROM held, quick
+SELECT held.id, %(gen)s, %(kind)s, %(data)s::jsonb,
+       clock_timestamp() - make_interval(secs => %(ago)s) FROM held, quick
 RETURNING id
 """
 
 
-def append_if_current(fence: Fence, kind: EventKind, data: dict[str, Any]) -> bool:
+def append_if_current(fence: Fence, kind: EventKind, data: dict[str, Any],
+                      ago_s: float = 0.0) -> bool:
     """PostgreSQL: append a ledger event in one round trip if the fence holds; False if it
-    does not (nothing written). Elsewhere the caller uses hold() + ledger.append."""
+    does not (nothing written). `ago_s`: the event happened that long before. Elsewhere
+    the caller uses hold() + ledger.append."""
     with driver_cursor() as cur:
         cur.execute(_APPEND_IF_CURRENT, {**fence_params(fence), "kind": kind,
-                                         "data": json.dumps(data)})
+                                         "data": json.dumps(data), "ago": float(ago_s)})
         return cur.fetchone() is not None

@@ -179,7 +179,8 @@ def test_worker_killed_during_a_slow_sandbox_create_runs_the_play_once(
     first.wait_ready()
     handle = tasks.submit_run(PLAYS / "counter.py", input={"path": str(marker), "seconds": 0.2},
                               org_id=f"org-{uuid.uuid4().hex[:6]}")
-    eventually(lambda: "sandbox.requested" in kinds(handle.id), what="the create to begin")
+    # The provider is asked (its ledger event is written with the launch record, after).
+    eventually(lambda: script.state()["creates_begun"] >= 1, what="the create to begin")
     first.stop(signal.SIGKILL)
     script.set(latency_ms=0)
     second = Worker(env, beat=True)

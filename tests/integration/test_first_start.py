@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from models import Attempt, CapacityLease, Run, RunEvent
+from models import Attempt, CapacityLease, Run, RunEvent, TrafficPolicy, db_now
 from tasks.acquisition import capacity, start
 from tasks.acquisition import policy as traffic
 from tasks.acquisition.claim import Claimed, Skip, Skipped, claim
@@ -226,3 +226,25 @@ def test_of_many_racing_workers_exactly_one_opens_the_run(pg_url: str) -> None:
         assert [a[1] for a in snap["attempts"]] == [winners[0].claimed.fence.lease_token]
         assert len(snap["leases"]) == 1
     assert held(org_id) == len(runs)
+
+
+def test_a_hold_row_not_in_force_still_reserves_the_slot(
+        pg_url: str, fast_path: list[FirstStart | None]) -> None:
+    """The statement takes no slot while any unexpired row is a hold; when that row is not
+    the policy in force (here unsound: an expiry two years away), the start reserves apart."""
+    org_id = org()
+    run_id = new_run(org_id)
+    with session_scope() as session:
+        session.add(TrafficPolicy(mode=traffic.HOLD, reason="test_first_start unsound",
+                                  expires_at=db_now(2 * 365 * 86400)))
+    try:
+        got = opened(run_id)
+    finally:
+        with session_scope() as session:
+            session.execute(sa.delete(TrafficPolicy).where(
+                TrafficPolicy.reason == "test_first_start unsound"))
+    assert fast_path[0] is not None and fast_path[0].reserved is False
+    assert got.policy.mode == traffic.NORMAL and got.lease_id is not None and got.full is None
+    assert [(x[0], x[1]) for x in snapshot(run_id)["leases"]] == [(got.lease_id,
+                                                                   capacity.RESERVED)]
+    assert held(org_id) == 1

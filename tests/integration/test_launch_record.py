@@ -4,6 +4,7 @@ the same rows and errors either way."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from models import Attempt, CapacityLease, Run, RuntimeResource, db_now
+from models import Attempt, CapacityLease, Run, RunEvent, RuntimeResource, db_now
 from tasks.errors import FenceLostError
 from tasks.execution.launch import record_launch
 from tasks.sandbox import SandboxRef
@@ -138,3 +139,25 @@ def test_without_a_lease_the_launch_is_recorded_too(pg_url: str) -> None:
     mark = record_launch(fence, get_settings(), sandbox, None)
     assert mark is not None and attempt_of(fence).launch_id == mark.launch_id
     assert rows(fence) == ({sandbox.sandbox_id: "live"}, [])
+
+
+@pytest.mark.parametrize("one_statement", [True, False])
+def test_the_launch_writes_the_request_it_owes_dated_back_to_the_ask(
+        pg_url: str, one_statement: bool) -> None:
+    """A sandbox made on PostgreSQL owes its `sandbox.requested` event (tasks/acquisition/
+    sandbox.py); the launch record writes it before `sandbox.live`, dated when the provider
+    was asked, in the one statement and in the general transaction (a provider pool)."""
+    fence, lease = claimed()
+    sandbox = dataclasses.replace(ref(), requested_at=time.monotonic() - 2.0)
+    settings = get_settings() if one_statement else \
+        get_settings().model_copy(update={"provider_max_live": 1000})
+    assert record_launch(fence, settings, sandbox, None if not one_statement else lease)
+    with session_scope() as s:
+        events = s.execute(sa.select(RunEvent.kind, RunEvent.at, RunEvent.data)
+                           .where(RunEvent.run_id == fence.run_id).order_by(RunEvent.id)).all()
+    kinds = [e.kind for e in events]
+    assert kinds[-2:] == ["sandbox.requested", "sandbox.live"] and kinds.count(
+        "sandbox.requested") == 1
+    asked, live = events[-2], events[-1]
+    assert asked.data == {"provider": "fake"}
+    assert 1.5 < (live.at - asked.at).total_seconds() < 10

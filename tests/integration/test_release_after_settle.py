@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from models import CapacityLease, RuntimeResource, WorkReceipt
-from tasks.release.attempt import release_attempt
+from tasks.release.attempt import release_attempt, release_attempts
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
 from tasks.store.db import session_scope
@@ -70,3 +70,29 @@ def test_another_holders_token_releases_nothing(pg_url: str) -> None:
     release_attempt(fence.run_id, fence.generation, "not-the-holder")
     assert "sandbox.deleted" not in event_kinds(fence.run_id)
     assert states(fence.run_id) == (["live"], ["live"], [])
+
+
+def test_a_batch_releases_each_holder_as_one_by_one_would(pg_url: str) -> None:
+    """release_attempts with several holders shares two statements between them (one
+    read, one mark-and-release): each holder's rows and events come out as one release
+    of its own would leave them, a holder with receipts and one given twice included."""
+    plain, held, twice = launched(), launched(), launched()
+    stranger, _ = launched()
+    hold_receipt(held[0])
+    for fence, _token in (plain, held, twice):
+        assert settle_launch(fence, Outcome("succeeded", output={})).won
+    assert settle_launch(stranger, Outcome("succeeded", output={})).won
+    batch = [[plain[0].run_id, 1, plain[1]], [held[0].run_id, 1, held[1]],
+             [twice[0].run_id, 1, twice[1]], [twice[0].run_id, 1, twice[1]],
+             [stranger.run_id, 1, "not-the-holder"]]
+    assert release_attempts(batch) == 5
+    assert release_attempts(batch) == 5  # a redelivery changes nothing
+    for fence, _token in (plain, twice):
+        assert event_kinds(fence.run_id)[-3:] == ["run.succeeded", "sandbox.deleted",
+                                                  "capacity.released"]
+        assert states(fence.run_id) == (["deleted"], ["released"], [])
+    assert event_kinds(held[0].run_id)[-4:] == ["run.succeeded", "sandbox.deleted",
+                                                "receipts.released", "capacity.released"]
+    assert states(held[0].run_id) == (["deleted"], ["released"], ["released"])
+    assert "sandbox.deleted" not in event_kinds(stranger.run_id)
+    assert states(stranger.run_id) == (["live"], ["live"], [])

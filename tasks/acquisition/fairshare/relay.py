@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 from collections import Counter
 from functools import lru_cache
@@ -41,6 +42,10 @@ from tasks.store.notify import redis_client
 log = logging.getLogger("playrun.fair")
 
 LEASE_MS = 10_000  # a relay pass that takes longer than this has died, or the DB is down
+# The policy sizes only the window (a throttle's rate): read at most once a second per
+# process, where every pass (about one per start) read it.
+POLICY_TTL_S = 1.0
+_policy: tuple[float, traffic.Policy] | None = None
 _PASSES = 16  # at most this many passes under one lease
 
 # Orgs with unsent starts, walked along ix_outbox_fair one org at a time (a loose index
@@ -130,9 +135,7 @@ def _claim(wanted: Counter[str]) -> dict[str, list[tuple[str, str, list[Any]]]]:
 
 def relay_pass(settings: Settings, fair: FairStore) -> int:
     """One pass: pick, claim, count in flight, publish. Returns starts published."""
-    with session_scope(readonly=True) as session:
-        policy = traffic.current(session)
-    limit = window(settings, policy)
+    limit = window(settings, _current_policy())
     if limit <= 0:
         return 0
     cands = candidates(settings, limit)
@@ -159,6 +162,14 @@ def relay_pass(settings: Settings, fair: FairStore) -> int:
             fair.taken(task_id)
         return 0
     return len(messages)
+
+
+def _current_policy() -> traffic.Policy:
+    global _policy
+    now = time.monotonic()
+    if _policy is None or now - _policy[0] >= POLICY_TTL_S:
+        _policy = (now, traffic.read())
+    return _policy[1]
 
 
 def pump(settings: Settings | None = None) -> int:

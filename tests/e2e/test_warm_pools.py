@@ -81,6 +81,17 @@ def clean(pg_url: str) -> Iterator[None]:
             client.delete(key)
 
 
+@pytest.fixture
+def worker(pg_url: str, gateway: Gateway) -> Iterator[Worker]:
+    """A worker of this test's own (with beat): no other fleet takes this module's starts."""
+    w = Worker(worker_env(**FAST), concurrency=2, beat=True)
+    try:
+        w.wait_ready()
+        yield w
+    finally:
+        w.stop()
+
+
 def set_pool(low: int, high: int, ttl: str = "10m", provider: str = "local") -> config.Pool:
     return config.set_pool(config.build("default", low, high, ttl, provider))
 
@@ -133,7 +144,9 @@ def test_eight_workers_claim_from_a_pool_of_five_in_waves(pg_url: str, gateway: 
             assert (seq.count("pool.claimed"), seq.count("pool.missed")) in ((1, 0), (0, 1))
             assert ("sandbox.requested" in seq) == ("pool.missed" in seq)
             hits += seq.count("pool.claimed")
-        assert 5 <= hits <= 25, hits
+        # Five ready at each wave's start: at least five of its eight took one (refills
+        # during the wave may serve more).
+        assert hits >= 25, hits
     finally:
         for w in fleet:
             w.stop()
@@ -301,7 +314,8 @@ def test_refills_under_a_rate_limiting_provider_do_not_storm(pg_url: str,
             set_pool(8, 8, provider="daytona")
             eventually(lambda: ready() >= 8, timeout=180, what="eight warm sandboxes")
             assert double.rejected_429() <= 3, (double.rejected_429(), double.creates())
-            assert double.creates() == len(members()) == 8  # every create became a member
+            made = [m for m in members() if m.provider == "daytona"]
+            assert double.creates() == len(made) == 8  # every create became a member
             handles = [tasks.submit_run(HELLO, input={"name": f"c{i}"}, org_id=org())
                        for i in range(4)]
             assert [h.wait(timeout=120).status for h in handles] == ["succeeded"] * 4

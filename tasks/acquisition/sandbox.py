@@ -168,12 +168,14 @@ def record_live(fence: Fence, ref: SandboxRef, promote: Any = None) -> None:
 
 
 def record_live_in(session: Session, fence: Fence, ref: SandboxRef,
-                   promote: Any = None) -> tuple[Run, Attempt]:
-    """Inside the caller's transaction: hold the fence, record the sandbox live and promote
-    its capacity lease; returns the held rows. A second report of the same sandbox by the
-    same intact attempt is idempotent success, proven from durable state. On FenceLostError
-    the caller records the sandbox for cleanup (record_for_cleanup) once it rolled back."""
-    held = hold(session, fence)
+                   promote: Any = None, held: tuple[Run, Attempt] | None = None,
+                   ) -> tuple[Run, Attempt]:
+    """Inside the caller's transaction: hold the fence (unless the caller holds it: `held`),
+    record the sandbox live and promote its capacity lease; returns the held rows. A second
+    report of the same sandbox by the same intact attempt is idempotent success, proven
+    from durable state. On FenceLostError the caller records the sandbox for cleanup
+    (record_for_cleanup) once it rolled back."""
+    held = held or hold(session, fence)
     if not _insert_live(session, fence, ref):
         # Already on record (the insert met the unique sandbox): success only for a
         # second report by this very attempt; anything else is a fence loss.

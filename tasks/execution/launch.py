@@ -116,8 +116,10 @@ def launch_warm(fence: Fence, pool: Pool, lease_id: str | None,
     miss, and the attempt starts cold). Its standby runner takes the assignment from the
     gateway: there is no exec to lose."""
     launch_id = secrets.token_hex(16)
-    with session_scope() as session:
-        hold(session, fence)  # the run row first, as every writer locks: then the member
+    # Not durable: the standby's delivery (a durable commit) flushes it before any play
+    # code runs, and a crash that loses it loses the claim with it (the member stays ready).
+    with session_scope(durable=False) as session:
+        held = hold(session, fence)  # the run row first, as every writer locks: then the member
         claim = claim_in(session, pool, fence)
         if claim is None:
             ledger.append(session, fence.run_id, EventKind.POOL_MISSED, {"pool": pool.name},
@@ -126,7 +128,8 @@ def launch_warm(fence: Fence, pool: Pool, lease_id: str | None,
         ref = SandboxRef(claim.provider, claim.sandbox_id,
                          {LABEL_POOL: claim.pool, LABEL_MEMBER: claim.member_id},
                          claim.created_at)
-        run, attempt = record_live_in(session, fence, ref, _promoter(fence, lease_id, settings))
+        run, attempt = record_live_in(session, fence, ref, _promoter(fence, lease_id, settings),
+                                      held)
         ledger.append(session, fence.run_id, EventKind.POOL_CLAIMED,
                       {"pool": claim.pool, "sandbox_id": claim.sandbox_id}, fence.generation)
         if run.cancel_requested_at is not None:

@@ -27,8 +27,9 @@ class Wakeups:
         self._task: asyncio.Task[None] | None = None
         self.subscribed = False
 
-    async def wait(self, member_id: str, timeout_s: float) -> None:
-        """Until the member's assignment is announced, or timeout_s (shorter unsubscribed)."""
+    async def wait(self, member_id: str, timeout_s: float) -> bool:
+        """Until the member's assignment is announced (True), or timeout_s (shorter while
+        unsubscribed)."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._listen())
         if not self.subscribed:
@@ -38,6 +39,7 @@ class Wakeups:
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout_s)
+            return event.is_set()
         finally:
             waiters = self._waiting.get(member_id)
             if waiters is not None:

@@ -49,21 +49,24 @@ def look(member_id: str, settings: Settings) -> dict[str, Any] | None:
 
 def _deliver(member_id: str, settings: Settings) -> dict[str, Any] | None:
     """A claimed member's assignment, marked delivered (durably: from here the play may
-    run, so the attempt is never withdrawn and started again elsewhere)."""
+    run, so the attempt is never withdrawn and started again elsewhere); None while it is
+    unclaimed."""
     with session_scope() as session:
-        member = session.get(PoolMember, member_id, with_for_update=True)
-        if member is None or member.state in (PoolMemberState.RETIRING, PoolMemberState.GONE):
+        row = session.execute(sa.select(
+            PoolMember, Run.org_id, Run.input, Run.status, Run.current_generation,
+            PlayBundle.source, Attempt.launch_id, Attempt.lease_token, Attempt.state,
+            sa.select(db_now()).scalar_subquery(),
+        ).outerjoin(Run, Run.id == PoolMember.run_id).outerjoin(
+            Attempt, sa.and_(Attempt.run_id == PoolMember.run_id,
+                             Attempt.generation == PoolMember.generation)).outerjoin(
+            PlayBundle, PlayBundle.digest == Run.play_digest).where(
+            PoolMember.id == member_id).with_for_update(of=PoolMember)).first()
+        if row is None or row[0].state in (PoolMemberState.RETIRING, PoolMemberState.GONE):
             return _STOP
+        member = row[0]
         if member.state != PoolMemberState.CLAIMED:
             return None
-        row = session.execute(sa.select(
-            Run.org_id, Run.input, Run.status, Run.current_generation, PlayBundle.source,
-            Attempt.launch_id, Attempt.lease_token, Attempt.state, sa.select(db_now())
-            .scalar_subquery(),
-        ).join(Attempt, Attempt.run_id == Run.id).join(
-            PlayBundle, PlayBundle.digest == Run.play_digest).where(
-            Run.id == member.run_id, Attempt.generation == member.generation)).first()
-        if (row is None or row.status != RunStatus.RUNNING or row.launch_id is None
+        if (row.status != RunStatus.RUNNING or row.launch_id is None
                 or row.state != AttemptState.ACTIVE or row.current_generation != member.generation):
             return {"assigned": False, "stop": True,
                     "reason": "the attempt that claimed this sandbox ended before it started"}
@@ -80,9 +83,12 @@ def _deliver(member_id: str, settings: Settings) -> dict[str, Any] | None:
 async def handle(grant: Grant, request: Standby, ctx: Context) -> dict[str, Any]:
     member_id = grant.run_id
     deadline = time.monotonic() + min(request.wait_s, ctx.settings.pool_standby_wait_s)
-    while True:
-        answer = await run_in_threadpool(look, member_id, ctx.settings)
+    answer = await run_in_threadpool(look, member_id, ctx.settings)
+    while answer is None:
         left = deadline - time.monotonic()
-        if answer is not None or left <= 0:
-            return answer or {"assigned": False}
-        await ctx.wakeups.wait(member_id, left)
+        if left <= 0:
+            return {"assigned": False}
+        # Woken by its claim: straight to the assignment; else look again (and be seen).
+        woken = await ctx.wakeups.wait(member_id, left)
+        answer = await run_in_threadpool(_deliver if woken else look, member_id, ctx.settings)
+    return answer

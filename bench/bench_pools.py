@@ -54,6 +54,21 @@ def ready() -> int:
     return view.states().get("default", {}).get("ready", 0)
 
 
+# Where a warm start's time goes: the queue (submit -> the worker opened the attempt),
+# the claim (-> pool.claimed, by the database clock), the hand-over (-> the play began).
+STAGES: dict[str, list[float]] = {"queue": [], "claim": [], "hand-over": []}
+
+
+def _stages(run_id: str, t0: float, play_at: float) -> None:
+    import tasks
+
+    at = {e.kind: e.at.timestamp() for e in tasks.run_events(run_id)}
+    if "pool.claimed" in at:
+        STAGES["queue"].append(at["attempt.started"] - t0)
+        STAGES["claim"].append(at["pool.claimed"] - at["attempt.started"])
+        STAGES["hand-over"].append(play_at - at["pool.claimed"])
+
+
 def one_at_a_time(n: int, org: str, warm: bool) -> tuple[list[float], int]:
     """Seconds from submit to the play's start, and how many runs took a warm sandbox."""
     import tasks
@@ -68,6 +83,8 @@ def one_at_a_time(n: int, org: str, warm: bool) -> tuple[list[float], int]:
         assert result.status == "succeeded", result
         out.append(float(result.output["at"]) - t0)
         hits += any(e.kind == "pool.claimed" for e in tasks.run_events(handle.id))
+        if warm:
+            _stages(handle.id, t0, float(result.output["at"]))
     return out, hits
 
 
@@ -90,6 +107,7 @@ def claims_per_s(burst: int) -> tuple[float, int]:
         claimed = session.execute(sa.select(sa.func.count(), sa.func.max(RunEvent.at)).where(
             RunEvent.run_id.in_([h.id for h in handles]),
             RunEvent.kind == "pool.claimed")).one()
+    assert claimed[1] is not None and t0 is not None
     return claimed[0] / (claimed[1] - t0).total_seconds(), int(claimed[0])
 
 
@@ -178,6 +196,10 @@ def main() -> None:
               f"p99 {pct(values, 99) * 1000:7.1f} ms")
     print(f"  warm / cold            p50 {pct(warm, 50) / pct(cold, 50):7.2f}x    "
           f"p99 {pct(warm, 99) / pct(cold, 99):7.2f}x")
+    for stage, values in STAGES.items():
+        if values:
+            print(f"    warm {stage:<17} p50 {pct(values, 50) * 1000:7.1f} ms   "
+                  f"p99 {pct(values, 99) * 1000:7.1f} ms")
     print(f"  claims from one pool, 4 worker processes: {rate:.0f}/s ({claimed} of "
           f"{args.burst} claimed warm)")
     print(f"  creates per served run, a run every {args.every:g} s for {args.soak_s:g} s, "

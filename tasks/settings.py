@@ -18,6 +18,7 @@ from tasks.constants import (
     StartOrder,
 )
 from tasks.errors import ConfigurationError
+from tasks.parse.redisurl import parse
 from tasks.settings_db import DatabaseSettings
 from tasks.settings_gateway import PLAYRUN_HOME, GatewaySettings
 from tasks.settings_sandbox import SandboxSettings
@@ -202,8 +203,6 @@ class Settings(GatewaySettings, SandboxSettings, DatabaseSettings):
         return self.database_url.startswith("postgresql")
 
     def check(self) -> Settings:
-        from tasks.store.redisconn import parse  # a leaf module: no import cycle
-
         if parse(self.redis_url).kind == "cluster":
             raise ConfigurationError(
                 "PLAYRUN_REDIS_URL cannot be a Redis Cluster (Celery's broker has no Cluster "

@@ -20,6 +20,7 @@ from tasks.constants import (
     LeaseState,
     ReceiptState,
     RunStatus,
+    PoolMemberState,
     SandboxState,
     SheetRowStatus,
 )
@@ -34,6 +35,7 @@ STORED = {
     SheetRowStatus: {"pending", "done", "failed"},
     IntentKind: {"stable", "legacy"},
     IntentStatus: {"admitted"},
+    PoolMemberState: {"creating", "ready", "claimed", "retiring", "gone"},
     EventKind: {
         "run.admitted",
         "attempt.started",
@@ -53,6 +55,8 @@ STORED = {
         "run.maintenance_failed",
         "run.progress_dropped",
         "placement.chosen",
+        "pool.claimed",
+        "pool.missed",
         "ledger.budget_spent",
         "gateway.refused",
         "runner.lost",
@@ -70,6 +74,7 @@ COLUMNS: dict[type[StrEnum], tuple[str, str]] = {
     LeaseState: ("capacity_leases", "state"),
     SandboxState: ("runtime_resources", "state"),
     SheetRowStatus: ("sheet_rows", "status"),
+    PoolMemberState: ("pool_members", "state"),
 }
 
 

@@ -6,7 +6,13 @@ from typing import Any
 
 from celery.beat import Scheduler
 
-from tasks.constants import MAINTENANCE_QUEUE, TASK_REAP, TASK_SANDBOX_GC, TASK_SWEEP_OUTBOX
+from tasks.constants import (
+    MAINTENANCE_QUEUE,
+    TASK_PRUNE_HISTORY,
+    TASK_REAP,
+    TASK_SANDBOX_GC,
+    TASK_SWEEP_OUTBOX,
+)
 from tasks.errors import PlayrunError
 from tasks.settings import get_settings
 from tasks.store.db import require_current_schema
@@ -28,6 +34,9 @@ class CheckedScheduler(Scheduler):
             "playrun-reap": {"task": TASK_REAP, "schedule": settings.reap_interval_s},
             "playrun-sandbox-gc": {"task": TASK_SANDBOX_GC, "schedule": settings.gc_interval_s},
         }
+        if settings.retention_days > 0:
+            entries["playrun-retention"] = {"task": TASK_PRUNE_HISTORY,
+                                            "schedule": settings.retention_interval_s}
         for entry in entries.values():
             # Maintenance that misses its slot is just late; never let copies pile up.
             entry["options"] = {"queue": MAINTENANCE_QUEUE, "expires": entry["schedule"]}

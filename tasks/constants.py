@@ -182,7 +182,7 @@ RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
 RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
 # The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0011"
+SCHEMA_REVISION: Final = "0013"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"

@@ -34,10 +34,12 @@ from models import (
     new_id,
 )
 from tasks.cli.main import app
-from tasks.constants import TASK_PRUNE_HISTORY
+from tasks.constants import MAINTENANCE_QUEUE, TASK_PRUNE_HISTORY
 from tasks.maintenance.retention import TABLES, prune
 from tasks.settings import reset_settings
 from tasks.store.db import session_scope
+from tests.support.helpers import eventually
+from tests.support.stack import Worker
 
 DAY = 86400.0
 COMMAND = get_command(app)
@@ -267,3 +269,13 @@ def test_playrun_prune_dry_run_export_and_coded_refusals(sqlite_db: str, tmp_pat
     assert json.loads(done.stdout)["deleted"]["runs"] == len(h.gone)
     assert len((tmp_path / "x" / "runs.jsonl").read_text().splitlines()) == len(h.gone)
     assert _present(h)[0] == set(h.kept)
+
+
+def test_a_worker_runs_beat_s_retention_task(pg_url: str, worker: Worker) -> None:
+    """The task beat sends, run by a real worker (default retention: 30 days)."""
+    import tasks
+
+    h = _history()
+    tasks.app.send_task(TASK_PRUNE_HISTORY, queue=MAINTENANCE_QUEUE)
+    eventually(lambda: _present(h)[0] == set(h.kept) or None, timeout=60)
+    assert _present(h)[1] == set(h.receipts_kept)

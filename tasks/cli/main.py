@@ -230,8 +230,8 @@ def prune(older_than: Annotated[str, typer.Option(
           export: Annotated[str | None, typer.Option(
               "--export", metavar="DIR",
               help="first append each deleted row to DIR/<table>.jsonl")] = None,
-          batch: Annotated[int, typer.Option("--batch", metavar="N",
-                                             help="runs per transaction")] = 500) -> None:
+          batch: Annotated[str, typer.Option("--batch", metavar="N",
+                                             help="runs per transaction")] = "500") -> None:
     """Delete ended runs (ledger, attempts, sandboxes, leases) and released receipts, oldest
     first; running and queued runs and anything still held are kept."""
     from tasks.cli.prune import run_prune

@@ -6,21 +6,20 @@ from pathlib import Path
 from typing import Any
 
 from tasks.constants import RETENTION_BATCH_MAX
-from tasks.errors import InputInvalidError
 from tasks.maintenance.retention import prune
-from tasks.parse.checks import check_text
+from tasks.parse.checks import check_count, check_text, parse_count
 from tasks.parse.durations import parse_duration
 from tasks.store.db import ensure_schema_once
 
 
-def run_prune(older_than: str, dry_run: bool, export: str | None, batch: int) -> dict[str, Any]:
+def run_prune(older_than: str, dry_run: bool, export: str | None, batch: str) -> dict[str, Any]:
     """Every batch until nothing older is left; the report as a JSON-ready dict."""
     seconds = parse_duration(older_than)  # DURATION_INVALID: banana, -1d, 0
-    if isinstance(batch, bool) or not 1 <= batch <= RETENTION_BATCH_MAX:
-        raise InputInvalidError(f"--batch must be 1 to {RETENTION_BATCH_MAX}, not {batch}")
+    size = check_count(parse_count(batch, "--batch"), "--batch", minimum=1,
+                       maximum=RETENTION_BATCH_MAX)  # INPUT_INVALID
     directory = Path(check_text(export, "--export", 4096)) if export is not None else None
     ensure_schema_once()
-    report = prune(seconds, batch=batch, dry_run=dry_run, export_dir=directory)
+    report = prune(seconds, batch=size, dry_run=dry_run, export_dir=directory)
     ms = sorted(report.batch_ms)
     return {"dry_run": dry_run, "older_than_s": seconds,
             "deleted": report.deleted, "batches": len(ms),

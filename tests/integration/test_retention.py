@@ -255,6 +255,9 @@ def test_playrun_prune_dry_run_export_and_coded_refusals(sqlite_db: str, tmp_pat
         result = runner.invoke(COMMAND, ["prune", "--older-than", bad])
         assert result.exit_code == 2 and "Traceback" not in result.output
         assert result.output.startswith("error DURATION_INVALID:"), result.output
+    for bad in ("0", "many", "10001"):
+        result = runner.invoke(COMMAND, ["prune", "--batch", bad])
+        assert result.exit_code == 2 and result.output.startswith("error INPUT_INVALID:")
     blocked = tmp_path / "file"
     blocked.write_text("")
     result = runner.invoke(COMMAND, ["prune", "--export", str(blocked / "x")])

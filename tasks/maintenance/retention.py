@@ -36,6 +36,7 @@ from models import (
     RunEvent,
     RuntimeResource,
     SheetWriteIntent,
+    UTCDateTime,
     WorkReceipt,
     db_now,
 )
@@ -123,6 +124,11 @@ def _take(session: Session, table: sa.Table, where: sa.ColumnElement[bool], *,
     return len(rows)
 
 
+def _key(after: tuple[datetime, str]) -> sa.Tuple:
+    """A keyset position, its time bound as the columns store it (naive UTC on SQLite)."""
+    return sa.tuple_(sa.literal(after[0], UTCDateTime()), sa.literal(after[1]))
+
+
 def _runs_batch(cutoff: datetime, after: tuple[datetime, str] | None, limit: int,
                 lock: bool) -> sa.Select[str, datetime | None]:
     holds = (
@@ -139,7 +145,7 @@ def _runs_batch(cutoff: datetime, after: tuple[datetime, str] | None, limit: int
                    Run.status.in_(TERMINAL_STATUSES), *(~h for h in holds))
             .order_by(Run.finished_at, Run.id).limit(limit))
     if after is not None:
-        stmt = stmt.where(sa.tuple_(Run.finished_at, Run.id) > sa.tuple_(*after))
+        stmt = stmt.where(sa.tuple_(Run.finished_at, Run.id) > _key(after))
     # A run some writer holds is left for the next pass instead of waited for.
     return stmt.with_for_update(skip_locked=True, of=Run) if lock else stmt
 
@@ -177,7 +183,7 @@ def _prune_receipts(session: Session, cutoff: datetime, after: tuple[datetime, s
             .order_by(WorkReceipt.released_at, WorkReceipt.receipt_key).limit(batch))
     if after is not None:
         stmt = stmt.where(sa.tuple_(WorkReceipt.released_at, WorkReceipt.receipt_key)
-                          > sa.tuple_(*after))
+                          > _key(after))
     if is_postgres(session) and not report.dry_run:
         stmt = stmt.with_for_update(skip_locked=True)
     found = session.execute(stmt).all()

@@ -7,7 +7,9 @@ import threading
 import time
 import uuid
 
-from models import new_id, new_task_id, uuid7
+import pytest
+
+from models import ids, new_id, new_task_id, uuid7
 from models.ids import id_time_ms
 from tasks.parse.checks import check_run_id
 from tasks.parse.query import check_run_prefix
@@ -55,3 +57,15 @@ def test_new_and_old_ids_pass_the_run_id_checks() -> None:
     for run_id in (new_id(), uuid.uuid4().hex):
         assert check_run_id(run_id) == run_id
         assert check_run_prefix(run_id[:16]) == run_id[:16]
+
+
+def test_ids_keep_increasing_when_the_clock_steps_back_or_a_millisecond_overflows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [time.time_ns() + 10**12]  # ahead of every id made so far
+
+    monkeypatch.setattr(ids.time, "time_ns", lambda: now[0])
+    made = [new_id() for _ in range(5000)]  # one millisecond: the counter overflows
+    now[0] -= 5 * 10**9  # the clock steps back five seconds
+    made += [new_id() for _ in range(10)]
+    assert made == sorted(made) and len(set(made)) == len(made)
+    assert id_time_ms(made[-1]) == now[0] // 10**6 + 5000 + 1  # borrowed, then kept

@@ -10,8 +10,10 @@ For each kind of id a fresh database is created, migrated (Alembic) and filled i
 events; an outbox backlog of 100,000 unsent rows (half due now, half deferred to
 tomorrow); one run with 100,000 events; at each size, 3,000 more runs that ended 40 days
 ago for retention to delete. The ids the fill writes, and those new runs get, are of
-that kind. Each figure is the median over several batches; `last/first` is the largest
-size's figure over the smallest's (flat is about 1).
+that kind. The `admit 100 runs` rows count what the same inserts as an admission (run,
+outbox row, attempt, three events) touch, by EXPLAIN (ANALYZE, BUFFERS, WAL): unlike
+times, they do not move with the machine's load. Each figure is the median over several
+batches; `last/first` is the largest size's figure over the smallest's (flat is about 1).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def rows(env: dict[str, str], long_run: str, gc_runs: list[str]
     import redis
 
     import tasks
+    from models import new_id, new_task_id
     from tasks.acquisition import capacity
     from tasks.acquisition.claim import Claimed, claim
     from tasks.acquisition.startrate import RateRule, StartRateLimiter
@@ -144,6 +147,14 @@ def rows(env: dict[str, str], long_run: str, gc_runs: list[str]
     for what, unit, sample, reps in measured:
         sample()  # warm
         out.append((what, unit, median_of(sample, reps)))
+    pages = [scale_load.admission_pages(env["PLAYRUN_DATABASE_URL"],
+                                        [new_id() for _ in range(100)],
+                                        [new_task_id() for _ in range(100)])
+             for _ in range(5)]
+    for key, what, unit in (("dirtied", "pages dirtied", "pages"),
+                            ("read", "pages read", "pages"), ("wal_kb", "WAL", "kB")):
+        out.append((f"admit 100 runs (SQL, rolled back): {what}", unit,
+                    statistics.median(p[key] for p in pages)))
     limiter.close()
     broker.close()
     return out
@@ -215,7 +226,8 @@ def main() -> None:
     for what in results[kinds[0]]:
         values = {k: results[k][what] for k in kinds}
         cells = "".join(f"{v:14.2f}" for k in kinds for v in values[k])
-        ratios = "".join(f"{values[k][-1] / values[k][0]:17.2f}" for k in kinds)
+        ratios = "".join(f"{values[k][-1] / values[k][0]:17.2f}" if values[k][0] else
+                         f"{'-':>17}" for k in kinds)
         print(f"{what:46}{units[what]:>9}{cells}{ratios}")
     print(f"\nsizes {args.sizes}, {args.events} events a run, ids {args.ids}: "
           f"{time.perf_counter() - started:.0f} s in all")

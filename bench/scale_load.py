@@ -159,3 +159,39 @@ def expired_reservations(url: str, n: int, tag: str, ids: Ids) -> None:
             SELECT {ids.expr('x' + tag)}, 'scale-' || (i % {ORG_COUNT}), {ids.expr('r')}, 1,
                    'reserved', md5('t' || i), false, now() - interval '1 hour'
             FROM generate_series(1, {n}) AS i""")
+
+
+def admission_pages(url: str, run_ids: list[str], task_ids: list[str]) -> dict[str, float]:
+    """Buffers and WAL of writing these runs as admission does (the run, its outbox row,
+    one attempt, three ledger events), by EXPLAIN (ANALYZE, BUFFERS, WAL), rolled back:
+    pages an insert dirties or reads are what random ids scatter and ordered ids share."""
+    total = {"dirtied": 0.0, "read": 0.0, "wal_kb": 0.0}
+    statements = [
+        f"""INSERT INTO runs (id, org_id, play_path, play_digest, input, status,
+                              current_generation, deferral_count, deferral_total_ms)
+            SELECT r, 'scale-new', 'plays/noop.py', '{DIGEST}', '{{}}', 'queued', 0, 0, 0
+            FROM unnest(%(runs)s::text[]) AS r""",
+        """INSERT INTO outbox (id, run_id, task_name, args, publish_count)
+           SELECT o, r, 'playrun.start_attempt', jsonb_build_array(r), 0
+           FROM unnest(%(tasks)s::text[], %(runs)s::text[]) AS t(o, r)""",
+        """INSERT INTO attempts (id, run_id, generation, lease_token, lease_expires_at,
+                                 state, events_offset)
+           SELECT o, r, 1, 't', now(), 'active', 0
+           FROM unnest(%(attempts)s::text[], %(runs)s::text[]) AS t(o, r)""",
+        """INSERT INTO run_events (run_id, generation, kind, data)
+           SELECT r, 1, 'run.progress', jsonb_build_object('n', n)
+           FROM unnest(%(runs)s::text[]) AS r, generate_series(1, 3) AS n""",
+    ]
+    params = {"runs": run_ids, "tasks": task_ids,
+              "attempts": [t.replace("-", "") for t in task_ids]}
+    with psycopg.connect(url.replace("+psycopg", "")) as conn:
+        for sql in statements:
+            row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + sql,
+                               params).fetchone()
+            assert row is not None
+            plan = row[0][0]["Plan"]
+            total["dirtied"] += plan["Shared Dirtied Blocks"]
+            total["read"] += plan["Shared Read Blocks"]
+            total["wal_kb"] += plan["WAL Bytes"] / 1024
+        conn.rollback()
+    return total

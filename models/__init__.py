@@ -1,6 +1,7 @@
 """SQLAlchemy models of playrun; the schema is owned by the Alembic migrations beside them."""
 
 from models.base import Base, JSONType, UTCDateTime, db_now, new_id
+from models.ids import new_task_id, uuid7
 from models.placement import OrgPlacement, PlacementPolicy
 from models.pools import PoolMember, WarmPool
 from models.receipts import WorkReceipt
@@ -32,4 +33,6 @@ __all__ = [
     "WorkReceipt",
     "db_now",
     "new_id",
+    "new_task_id",
+    "uuid7",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,6 +10,10 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.sql.expression import FunctionElement
+
+from models.ids import new_id
+
+__all__ = ["NAMING", "Base", "JSONType", "UTCDateTime", "db_now", "new_id"]
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -23,10 +26,6 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = sa.MetaData(naming_convention=NAMING)
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):

@@ -19,6 +19,10 @@ class WorkReceipt(Base):
     __table_args__ = (
         sa.Index("ix_work_receipts_org_play", "org_id", "play"),
         sa.Index("ix_work_receipts_owner", "owner_run_id", "owner_generation"),
+        # Retention deletes released receipts oldest first.
+        sa.Index("ix_work_receipts_released", "released_at",
+                 postgresql_where=sa.text("status = 'released'"),
+                 sqlite_where=sa.text("status = 'released'")),
     )
 
     receipt_key: Mapped[str] = mapped_column(sa.String(64), primary_key=True)

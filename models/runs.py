@@ -32,8 +32,13 @@ class Run(Base):
         sa.Index("ix_runs_queued_created", "created_at",
                  postgresql_where=sa.text("status = 'queued'"),
                  sqlite_where=sa.text("status = 'queued'")),
+        # Retention deletes ended runs oldest first (tasks/maintenance/retention.py).
+        sa.Index("ix_runs_finished_id", "finished_at", "id",
+                 postgresql_where=sa.text("finished_at IS NOT NULL"),
+                 sqlite_where=sa.text("finished_at IS NOT NULL")),
     )
 
+    # UUIDv7 hex (models/ids.py); rows from before it keep their v4 hex ids.
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True, default=new_id)
     org_id: Mapped[str] = mapped_column(sa.String(128))
     play_path: Mapped[str] = mapped_column(sa.String(1024))

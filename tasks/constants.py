@@ -196,7 +196,7 @@ RUNNER_STEPS_FILE: Final = protocol.RUNNER_STEPS_FILE
 RUNNER_SHEETS_FILE: Final = protocol.RUNNER_SHEETS_FILE
 
 # The Alembic revision this code needs; tests/integration/test_migrations.py checks it is the head.
-SCHEMA_REVISION: Final = "0012"
+SCHEMA_REVISION: Final = "0013"
 
 # Celery queue and task names.
 QUEUE: Final = "playrun"
@@ -218,6 +218,7 @@ TASK_START_ATTEMPT: Final = "playrun.start_attempt"
 TASK_SWEEP_OUTBOX: Final = "playrun.sweep_outbox"
 TASK_REAP: Final = "playrun.reap"
 TASK_SANDBOX_GC: Final = "playrun.sandbox_gc"
+TASK_PRUNE_HISTORY: Final = "playrun.prune_history"
 TASK_WATCHDOG_PING: Final = "playrun.watchdog_ping"
 TASK_RELEASE_ATTEMPT: Final = "playrun.release_attempt"
 # Several attempts' releases in one task: the gateway groups what settles within a window.
@@ -282,10 +283,13 @@ MAX_INPUT_FLOAT: Final = 1e16
 MAX_ORG_ID_CHARS: Final = 128  # the runs.org_id and capacity_orgs.org_id columns
 MAX_IDEMPOTENCY_KEY_CHARS: Final = 256  # runs.idempotency_key
 MAX_PLAY_PATH_CHARS: Final = 1024  # runs.play_path
-RUN_ID_PATTERN: Final = r"[0-9a-f]{32}"  # uuid4().hex, what models.base.new_id makes
+RUN_ID_PATTERN: Final = r"[0-9a-f]{32}"  # a UUID's hex: models.new_id's v7, and older v4 ids
 MAX_LIST_RUNS: Final = 10_000
 # Run listings and prefixes (tasks/store/runquery.py): a prefix names a run only from this long.
 MIN_RUN_ID_PREFIX: Final = 6
+# Retention (tasks/maintenance/retention.py): `playrun prune` and beat delete at most this
+# many runs (or released receipts) per transaction.
+RETENTION_BATCH_MAX: Final = 10_000
 RUN_CODE_PATTERN: Final = r"[A-Z][A-Z0-9_]{0,63}"
 # The operators' dashboard (tasks/dashboard/): page sizes and its self-refresh.
 DASHBOARD_REFRESH_S: Final = 10

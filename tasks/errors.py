@@ -179,6 +179,12 @@ class RunIdAmbiguousError(InputInvalidError):
     code = "RUN_ID_AMBIGUOUS"
 
 
+class PruneExportError(PlayrunError):
+    """`playrun prune --export`: the directory cannot be written; nothing was deleted."""
+
+    code = "PRUNE_EXPORT_FAILED"
+
+
 class RunWaitTimeoutError(PlayrunError):
     """The run did not reach a terminal outcome within the wait timeout."""
 

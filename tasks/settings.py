@@ -15,6 +15,7 @@ from tasks.constants import (
     DEV_SECRET_KEY,
     MAX_SQL_INT,
     PROVIDER_NAMES,
+    RETENTION_BATCH_MAX,
     StartOrder,
 )
 from tasks.errors import ConfigurationError
@@ -167,6 +168,18 @@ class Settings(GatewaySettings, SandboxSettings, DatabaseSettings):
     outbox_resend_after_s: float = Field(
         default=10.0, ge=0,
         description="A run still queued this long after its start was sent is sent again.")
+    retention_days: int = Field(
+        default=30, ge=0, le=36500,
+        description="Beat deletes ended runs (their ledger, attempts, sandboxes, leases) and "
+                    "released receipts older than this many days; 0 keeps everything.")
+    retention_interval_s: float = Field(
+        default=300.0, gt=0, description="How often beat's retention pass runs.")
+    retention_batch: int = Field(
+        default=500, ge=1, le=RETENTION_BATCH_MAX,
+        description="Runs (or receipts) retention deletes per transaction.")
+    retention_batches_per_pass: int = Field(
+        default=20, ge=1, le=10_000,
+        description="Batches one retention pass takes at most; the next pass goes on.")
     release_grace_s: float = Field(
         default=30.0, ge=0,
         description="The reaper releases what an ended attempt still holds only this long "

@@ -20,7 +20,6 @@ the bundle (submit.write_admitted).
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from models import Outbox, PlayBundle, Run, RunEvent, db_now, new_id
+from models import Outbox, PlayBundle, Run, RunEvent, db_now, new_id, new_task_id
 from tasks.admission.placement import Policy, first_provider
 from tasks.admission.validate import PlaySource
 from tasks.constants import TASK_START_ATTEMPT, EventKind, RunStatus
@@ -309,7 +308,7 @@ def _write(items: Sequence[NewRun], insert: _Insert, existing: _Existing) -> lis
                                                      items[i].idempotency_key or ""))
     ordered = [items[i] for i in order]
     ids = [new_id() for _ in ordered]
-    outbox_ids = [str(uuid.uuid4()) for _ in ordered]
+    outbox_ids = [new_task_id() for _ in ordered]
     placed = [first_provider(item.policy, run_id) if item.policy else None
               for item, run_id in zip(ordered, ids, strict=True)]
     inserted = insert(ordered, ids, outbox_ids, placed)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from models import Outbox, db_now
+from models import Outbox, db_now, new_task_id
 from tasks.admission import placement, rows
 from tasks.admission.validate import PlaySource, check_input, load_play
 from tasks.constants import MAX_SUBMIT_BATCH, TASK_START_ATTEMPT
@@ -59,7 +58,7 @@ def enqueue_start(session: Session, run_id: str, org_id: str, *, delay_s: float 
     a start placed on a provider goes to its queue. `place` is the run's place in its
     org's line for the fair relay: its admission time, so a deferred start comes back
     where it was (now when not given)."""
-    outbox_id = str(uuid.uuid4())
+    outbox_id = new_task_id()
     session.add(Outbox(
         id=outbox_id, run_id=run_id, task_name=TASK_START_ATTEMPT,
         args=rows.start_args(run_id, provider),

@@ -223,13 +223,31 @@ def stats(since: Annotated[str, typer.Option("--since", help="the window, e.g. 1
     print(json.dumps(as_dict(collect(window)), indent=2, sort_keys=True))
 
 
+@app.command()
+def prune(older_than: Annotated[str, typer.Option(
+              "--older-than", metavar="DURATION",
+              help="delete what ended longer ago than this, e.g. 30d, 12h")] = "30d",
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="count, delete nothing")]
+          = False,
+          export: Annotated[str | None, typer.Option(
+              "--export", metavar="DIR",
+              help="first append each deleted row to DIR/<table>.jsonl")] = None,
+          batch: Annotated[str, typer.Option("--batch", metavar="N",
+                                             help="runs per transaction")] = "500") -> None:
+    """Delete ended runs (ledger, attempts, sandboxes, leases) and released receipts, oldest
+    first; running and queued runs and anything still held are kept."""
+    from tasks.cli.prune import run_prune
+
+    print(json.dumps(run_prune(older_than, dry_run, export, batch), indent=2, sort_keys=True))
+
+
 app.command()(gc)
 
 
 # Commands that read or write runs: without a configured database or a running
 # `playrun dev` they say so instead of creating an empty default database.
 NEEDS_STACK = frozenset({"submit", "runs", "show", "cancel", "receipts", "sheet", "stats",
-                         "capacity", "gc"})
+                         "capacity", "gc", "prune"})
 
 
 def main() -> None:

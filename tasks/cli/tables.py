@@ -15,7 +15,8 @@ from rich.text import Text
 _GAP = 2
 # A shortened column keeps at least this many characters (its ellipsis included).
 _MIN_FLEX = 8
-SHORT_ID = 12
+# A time-ordered id's first 12 digits are its millisecond: 4 more tell runs of one apart.
+SHORT_ID = 16
 
 
 @dataclass(frozen=True)

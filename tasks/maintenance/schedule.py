@@ -9,6 +9,7 @@ from celery.beat import Scheduler
 from tasks.constants import (
     MAINTENANCE_QUEUE,
     TASK_POOL_TICK,
+    TASK_PRUNE_HISTORY,
     TASK_REAP,
     TASK_SANDBOX_GC,
     TASK_SWEEP_OUTBOX,
@@ -35,6 +36,9 @@ class CheckedScheduler(Scheduler):
             "playrun-sandbox-gc": {"task": TASK_SANDBOX_GC, "schedule": settings.gc_interval_s},
             "playrun-pool-tick": {"task": TASK_POOL_TICK, "schedule": settings.pool_tick_s},
         }
+        if settings.retention_days > 0:
+            entries["playrun-retention"] = {"task": TASK_PRUNE_HISTORY,
+                                            "schedule": settings.retention_interval_s}
         for entry in entries.values():
             # Maintenance that misses its slot is just late; never let copies pile up.
             entry["options"] = {"queue": MAINTENANCE_QUEUE, "expires": entry["schedule"]}

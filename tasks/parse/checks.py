@@ -94,7 +94,7 @@ def check_idempotency_key(value: Any) -> str | None:
 
 
 def check_run_id(value: Any) -> str:
-    """Run ids are uuid4().hex: anything else cannot name a run, so no query is made."""
+    """Run ids are a UUID's 32 hex digits: anything else cannot name a run, so no query is made."""
     if not isinstance(value, str) or not RUN_ID.fullmatch(value):
         raise RunNotFoundError(f"no run with id {brief(value)}")
     return str.__str__(value)

@@ -34,6 +34,7 @@ from tasks.constants import (
     TASK_INSPECT_ATTEMPT,
     TASK_POOL_REFILL,
     TASK_POOL_TICK,
+    TASK_PRUNE_HISTORY,
     TASK_REAP,
     TASK_RELEASE_ATTEMPT,
     TASK_RELEASE_ATTEMPTS,
@@ -51,6 +52,7 @@ from tasks.execution.launch import Launch, launch, launch_warm
 from tasks.maintenance import held
 from tasks.maintenance.gc import collect
 from tasks.maintenance.reaper import reap
+from tasks.maintenance.retention import prune
 from tasks.maintenance.trouble import note_failure
 from tasks.observe import metrics
 from tasks.release.attempt import release_attempt, release_attempts
@@ -319,3 +321,15 @@ def sandbox_gc() -> dict[str, Any]:
     report = collect([provider(name) for name in settings.served], settings.gc_grace_s,
                      fleet=settings.fleet)
     return report.__dict__
+
+
+@app.task(name=TASK_PRUNE_HISTORY)
+def prune_history() -> dict[str, Any]:
+    """Beat's retention pass: a bounded number of batches; the next pass goes on."""
+    settings = get_settings()
+    if settings.retention_days == 0:
+        return {"deleted": {}, "batches": 0, "complete": True}
+    report = prune(settings.retention_days * 86400.0, batch=settings.retention_batch,
+                   max_batches=settings.retention_batches_per_pass)
+    return {"deleted": {t: n for t, n in report.deleted.items() if n},
+            "batches": len(report.batch_ms), "complete": report.complete}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,9 +59,12 @@ def _named(diff: list[object]) -> set[tuple[str, str]]:
             for d in diff}
 
 
+# What 0013 adds: the indexes retention walks, oldest first.
+RETENTION_0013 = {("add_index", "ix_runs_finished_id"), ("add_index", "ix_work_receipts_released")}
+
 # What 0011 adds for the fair order of starts.
 FAIR_0011 = {("add_column", "weight"), ("add_column", "org_id"), ("add_column", "place"),
-             ("add_index", "ix_outbox_fair")}
+             ("add_index", "ix_outbox_fair"), *RETENTION_0013}
 
 
 @pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
@@ -113,7 +117,7 @@ def test_0006_adds_and_drops_the_scale_indexes(which: str, request: pytest.Fixtu
             if isinstance(d, tuple) and str(d[0]).endswith("_index")} == {
         ("add_index", "ix_runs_created_id"), ("add_index", "ix_runs_org_created_id"),
         *(("remove_index", name) for names in UNWRITTEN.values() for name in names),
-        ("add_index", "ix_outbox_fair")}
+        ("add_index", "ix_outbox_fair"), *RETENTION_0013}
     db.downgrade(url, "0005")
     assert db.current_revision(url) == "0005"
     assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
@@ -172,10 +176,40 @@ def test_0011_adds_weights_and_each_unsent_start_s_org_and_place(
             "INSERT INTO outbox (id, run_id, task_name, args, publish_count) "
             "VALUES ('o1', 'r1', 'playrun.start_attempt', '[\"r1\"]', 0)"))
     db.upgrade(url, "0011")
-    assert _diff(url) == []
+    assert _named(_diff(url)) == RETENTION_0013
     with db.get_engine(url).connect() as conn:
         org, place = conn.execute(sa.text(
             "SELECT org_id, place FROM outbox WHERE id = 'o1'")).one()
     assert org == "acme" and place is not None  # the fair relay can find it
     db.downgrade(url, "0010")
-    assert _named(_diff(url)) == FAIR_0011
+    assert _named(_diff(url)) == FAIR_0011 | RETENTION_0013
+
+
+@pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
+def test_0013_keeps_every_id_and_adds_the_retention_indexes(
+        which: str, request: pytest.FixtureRequest) -> None:
+    from models import new_id
+    from tasks.parse.checks import check_run_id
+
+    url = request.getfixturevalue(which)
+    db.upgrade(url, "0011")
+    old = uuid.uuid4().hex  # the ids made before 0013: random (v4) hex
+    with db.get_engine(url).begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO play_bundles (digest, source, size) VALUES ('d', 's', 1)"))
+        conn.execute(sa.text(
+            "INSERT INTO runs (id, org_id, play_path, play_digest, input, status, "
+            "current_generation, deferral_count, deferral_total_ms) VALUES "
+            "(:id, 'acme', 'p.py', 'd', 'null', 'succeeded', 0, 0, 0)"), {"id": old})
+    db.upgrade(url, "0013")
+    assert _diff(url) == []
+    new = new_id()
+    with db.get_engine(url).begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO runs (id, org_id, play_path, play_digest, input, status, "
+            "current_generation, deferral_count, deferral_total_ms) VALUES "
+            "(:id, 'acme', 'p.py', 'd', 'null', 'queued', 0, 0, 0)"), {"id": new})
+        ids = set(conn.scalars(sa.text("SELECT id FROM runs")))
+    assert ids == {old, new} and all(check_run_id(i) == i for i in ids)
+    db.downgrade(url, "0011")
+    assert _named(_diff(url)) == RETENTION_0013

@@ -51,7 +51,7 @@ def test_submit_prints_the_id_and_publishes_its_start(cli: StubPublisher) -> Non
     assert ok("submit", str(HELLO), "--input", '{"name": "Ada"}', "--org", org,
               "--key", "k1").strip() == run_id
     assert "IDEMPOTENCY_CONFLICT" in refused("submit", str(HELLO), "--org", org, "--key", "k1")
-    shown = json.loads(ok("show", run_id[:12], "--json"))
+    shown = json.loads(ok("show", run_id[:16], "--json"))
     assert (shown["id"], shown["status"]) == (run_id, "queued")
     assert "run.admitted" in ok("show", run_id)
 

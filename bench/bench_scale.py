@@ -49,8 +49,6 @@ def timed(fn: Callable[[], object], per: int = 1) -> float:
 
 def rows(env: dict[str, str], long_run: str, gc_runs: list[str]
          ) -> list[tuple[str, str, float]]:
-    import redis
-
     import tasks
     from models import new_id, new_task_id
     from tasks.acquisition import capacity

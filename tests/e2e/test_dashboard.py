@@ -149,7 +149,7 @@ def test_the_runs_and_run_pages_show_runs_timeline_and_code(dashboard: str,
     assert tab.open(f"{dashboard}/runs?org={runs['org']}&status=failed") == 200
     assert tab.count("table.runs tr.run") == 1 and runs["bad"] in tab.dom()
     # A prefix typed into "Go to run" lands on the run's page.
-    tab.type("input[name=run]", runs["bad"][:8])
+    tab.type("input[name=run]", runs["bad"][:16])
     assert tab.press("form.goto button") == 200
     assert tab.url() == f"{dashboard}/runs/{runs['bad']}"
     html = tab.dom()

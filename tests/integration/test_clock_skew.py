@@ -42,7 +42,7 @@ def test_a_skewed_worker_launches_a_runner_the_gateway_accepts(
     real = time.time
     with monkeypatch.context() as m:
         m.setattr(time, "time", lambda: real() + skew_s)  # the worker's clock, minutes off
-        sandbox = SandboxRef("fake", f"sb-skew-{run_id[:8]}", {}, real())
+        sandbox = SandboxRef("fake", f"sb-skew-{run_id}", {}, real())
         launched = launch(fence, cast(SandboxProvider, provider), sandbox, None,
                           tasks.get_run(run_id).org_id, get_settings())
     assert launched.step is Launch.LAUNCHED

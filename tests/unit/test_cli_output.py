@@ -26,7 +26,7 @@ from tasks.cli import banner
 from tasks.cli.main import app
 from tasks.cli.records import receipt_table
 from tasks.cli.runs import table as runs_table
-from tasks.cli.tables import show
+from tasks.cli.tables import SHORT_ID, show
 from tasks.store.db import session_scope
 from tasks.testing import Stack
 from tests.support.paths import ROOT
@@ -57,8 +57,8 @@ def test_runs_fit_80_columns_without_breaking_a_word() -> None:
     lines = buf.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 80, lines
     assert lines[0].split() == ["id", "status", "code", "org", "created", "took"]
-    assert lines[1].split()[:2] == ["1" * 12, "succeeded"]
-    assert lines[2].split()[:3] == ["2" * 12, "failed", "PLAY_ERROR"]
+    assert lines[1].split()[:2] == ["1" * SHORT_ID, "succeeded"]
+    assert lines[2].split()[:3] == ["2" * SHORT_ID, "failed", "PLAY_ERROR"]
     assert "5m ago" in lines[1] and "an-org-with-a-" in lines[2] and "…" in lines[2]
 
 
@@ -67,7 +67,7 @@ def test_runs_at_50_columns_drop_columns_instead_of_wrapping() -> None:
     show(out, runs_table([run_view(3, status="cancelled", code="CANCELLED")]))
     lines = buf.getvalue().splitlines()
     assert len(lines) == 2 and max(map(len, lines)) <= 50, lines
-    assert lines[1].split()[:2] == ["3" * 12, "cancelled"]
+    assert lines[1].split()[:2] == ["3" * SHORT_ID, "cancelled"]
 
 
 def test_receipts_fit_80_columns_and_keep_every_status_whole() -> None:

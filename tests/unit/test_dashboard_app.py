@@ -16,6 +16,7 @@ import tasks
 from tasks.acquisition.starthistory import Sample
 from tasks.admission import placement
 from tasks.broker.publish import StubPublisher
+from tasks.cli.tables import SHORT_ID
 from tasks.dashboard import fleet
 from tasks.dashboard.app import create_app
 from tasks.dashboard.auth import COOKIE, Access
@@ -86,7 +87,7 @@ def test_the_runs_page_lists_filters_and_escapes(dashboard: TestClient) -> None:
     assert other in cancelled and first not in cancelled
     bad = dashboard.get("/runs?since=not-a-time", headers=as_(READ))
     assert bad.status_code == 400
-    jump = dashboard.get(f"/runs?run={first[:8]}", headers=as_(READ))
+    jump = dashboard.get(f"/runs?run={first[:SHORT_ID]}", headers=as_(READ))
     assert jump.headers["location"] == f"/runs/{first}"
 
 
@@ -96,7 +97,7 @@ def test_the_run_page_shows_the_run_and_escapes_what_a_play_wrote(
     page = dashboard.get(f"/runs/{run_id}", headers=as_(READ))
     assert page.status_code == 200 and run_id in page.text and "queued" in page.text
     assert HOSTILE not in page.text
-    assert dashboard.get(f"/runs/{run_id[:10]}", headers=as_(READ)).headers[
+    assert dashboard.get(f"/runs/{run_id[:SHORT_ID]}", headers=as_(READ)).headers[
         "location"] == f"/runs/{run_id}"
     missing = dashboard.get("/runs/" + "0" * 32, headers=as_(READ))
     assert missing.status_code == 404 and "RUN_NOT_FOUND" in missing.text

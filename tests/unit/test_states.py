@@ -18,9 +18,9 @@ from tasks.constants import (
     IntentKind,
     IntentStatus,
     LeaseState,
+    PoolMemberState,
     ReceiptState,
     RunStatus,
-    PoolMemberState,
     SandboxState,
     SheetRowStatus,
 )

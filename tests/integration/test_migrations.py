@@ -62,6 +62,10 @@ def _named(diff: list[object]) -> set[tuple[str, str]]:
 # What 0013 adds: the indexes retention walks, oldest first.
 RETENTION_0013 = {("add_index", "ix_runs_finished_id"), ("add_index", "ix_work_receipts_released")}
 
+# What 0012 adds: the warm pools and their members.
+POOLS_0012 = {("add_table", "warm_pools"), ("add_table", "pool_members"),
+              ("add_index", "ix_pool_members_ready"), ("add_index", "ix_pool_members_state")}
+
 # What 0011 adds for the fair order of starts.
 FAIR_0011 = {("add_column", "weight"), ("add_column", "org_id"), ("add_column", "place"),
              ("add_index", "ix_outbox_fair"), *RETENTION_0013}
@@ -117,7 +121,8 @@ def test_0006_adds_and_drops_the_scale_indexes(which: str, request: pytest.Fixtu
             if isinstance(d, tuple) and str(d[0]).endswith("_index")} == {
         ("add_index", "ix_runs_created_id"), ("add_index", "ix_runs_org_created_id"),
         *(("remove_index", name) for names in UNWRITTEN.values() for name in names),
-        ("add_index", "ix_outbox_fair"), *RETENTION_0013}
+        ("add_index", "ix_outbox_fair"), *RETENTION_0013,
+        *(op for op in POOLS_0012 if op[0] == "add_index")}
     db.downgrade(url, "0005")
     assert db.current_revision(url) == "0005"
     assert _indexes(url) == {t: set() for t in SCALE_INDEXES}
@@ -176,13 +181,32 @@ def test_0011_adds_weights_and_each_unsent_start_s_org_and_place(
             "INSERT INTO outbox (id, run_id, task_name, args, publish_count) "
             "VALUES ('o1', 'r1', 'playrun.start_attempt', '[\"r1\"]', 0)"))
     db.upgrade(url, "0011")
-    assert _named(_diff(url)) == RETENTION_0013
+    assert _named(_diff(url)) == RETENTION_0013 | POOLS_0012
     with db.get_engine(url).connect() as conn:
         org, place = conn.execute(sa.text(
             "SELECT org_id, place FROM outbox WHERE id = 'o1'")).one()
     assert org == "acme" and place is not None  # the fair relay can find it
     db.downgrade(url, "0010")
-    assert _named(_diff(url)) == FAIR_0011 | RETENTION_0013
+    assert _named(_diff(url)) == FAIR_0011 | RETENTION_0013 | POOLS_0012
+
+
+@pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
+def test_0012_adds_the_warm_pool_tables_and_its_downgrade_drops_them(
+        which: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(which)
+    db.upgrade(url, "0012")
+    assert _named(_diff(url)) == RETENTION_0013
+    with db.get_engine(url).begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO warm_pools (name, provider, min_ready, max_ready, ttl_s) "
+            "VALUES ('default', 'local', 1, 2, 60)"))
+        conn.execute(sa.text(
+            "INSERT INTO pool_members (id, pool, provider, state) "
+            "VALUES ('m1', 'default', 'local', 'creating')"))
+        host = conn.scalar(sa.text("SELECT host FROM pool_members WHERE id = 'm1'"))
+    assert host == ""  # a member of a provider any worker reaches
+    db.downgrade(url, "0011")
+    assert _named(_diff(url)) == RETENTION_0013 | POOLS_0012
 
 
 @pytest.mark.parametrize("which", ["empty_pg", "empty_sqlite"])
@@ -211,5 +235,5 @@ def test_0013_keeps_every_id_and_adds_the_retention_indexes(
             "(:id, 'acme', 'p.py', 'd', 'null', 'queued', 0, 0, 0)"), {"id": new})
         ids = set(conn.scalars(sa.text("SELECT id FROM runs")))
     assert ids == {old, new} and all(check_run_id(i) == i for i in ids)
-    db.downgrade(url, "0011")
+    db.downgrade(url, "0012")
     assert _named(_diff(url)) == RETENTION_0013

@@ -139,3 +139,11 @@ def test_gc_keeps_a_ready_warm_sandbox_and_deletes_a_retired_or_unknown_one() ->
     assert verdict(ref(ready)) is None
     assert verdict(ref(retired)) == "pool member is retiring"
     assert verdict(ref("nobody")) == "no owner: no such pool member"
+
+
+def test_beat_retires_the_members_of_the_last_removed_pool() -> None:
+    assert hygiene.tick(get_settings()).retired == {}  # no pool, no member: nothing to do
+    add_members("gone", 2)  # its pool was the last one
+    report = hygiene.tick(get_settings())
+    assert report.retired == {"pool removed": 2}
+    assert states("gone") == ["retiring", "retiring"]

@@ -52,6 +52,10 @@ def tick(settings: Settings) -> TickReport:
     report = TickReport()
     with session_scope(readonly=True) as session:
         pools = {p.name: p for p in session.scalars(sa.select(WarmPool)).all()}
+        # A fleet without pools (the default) pays one read a tick, no writes.
+        if not pools and not session.scalar(sa.select(sa.exists().where(
+                PoolMember.id.is_not(None)))):
+            return report
     _retire(report, "expired", _READY, PoolMember.expires_at <= db_now())
     _retire(report, "silent", _READY,
             PoolMember.seen_at < db_now(-SILENT_WAITS * settings.pool_standby_wait_s))

@@ -74,6 +74,7 @@ def learn(url: str, provider: str, refused_rate: float, floor: float) -> float:
         if held is not None and held > value:
             value = held
         client.set(key(provider), f"{value:.3f}", ex=TTL_S)
+    value = round(value, 3)  # what Redis holds: every process reads the same ceiling
     with _lock:
         _cache[(os.getpid(), url, provider)] = (time.monotonic(), value)
     return value

@@ -9,13 +9,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import kombu.pools
 import pytest
 
 import tasks
 from tasks.broker.app import app
+from tasks.broker.config import rebind
 from tasks.constants import EventKind
 from tasks.settings import get_settings, reset_settings
-from tasks.store.redisconn import point_celery
 from tasks.testing.topologies import SentinelGroup
 from tests.support.helpers import eventually
 from tests.support.paths import ROOT
@@ -47,9 +48,10 @@ def on_sentinel(sentinel_group: SentinelGroup, pg_url: str) -> Iterator[str]:
     def point(to: str) -> None:
         os.environ["PLAYRUN_REDIS_URL"] = to
         reset_settings()
-        point_celery(app.conf, get_settings().redis_url)
-        app.pool.force_close_all()  # producers of the previous broker
-        app._pool = None
+        # kombu keeps its pools by connection, process-wide: closing one without forgetting
+        # it would leave a closed pool for the next user of that broker.
+        kombu.pools.reset()
+        rebind(app, get_settings())
 
     point(url)
     try:

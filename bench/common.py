@@ -249,6 +249,28 @@ def cpu_matching(text: str) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def pg_backends_cpu(text: str) -> float:
+    """cpu_matching(text) plus what exited PostgreSQL backends used: the postmaster reaps
+    them, and their time moves into its children's (cutime, cstime). Other databases'
+    exited backends count too, so on a busy server take it as an upper bound."""
+    live, reaped = cpu_matching(text), 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0", 1)[0]
+            if not argv0.endswith(b"postgres"):  # the postmaster: backends retitle themselves
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        reaped += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return live + reaped / os.sysconf("SC_CLK_TCK")
+
+
 def xact_commits(datname: str) -> int:
     """pg_stat_database.xact_commit of a database, read from the `postgres` database (so the
     reading itself is not counted)."""

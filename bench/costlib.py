@@ -98,7 +98,8 @@ SELECT pg_current_wal_lsn() - '0/0'::pg_lsn,
         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %(db)s),
        (SELECT coalesce(sum(total_plan_time), 0) FROM pg_stat_statements s
         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %(db)s),
-       (SELECT xact_commit FROM pg_stat_database WHERE datname = %(db)s)
+       db.xact_commit, db.sessions
+FROM pg_stat_database db WHERE db.datname = %(db)s
 """
 
 # Commands that are the measurement's own or an idle consumer's, not a run's.
@@ -117,10 +118,11 @@ def snapshot(pg: Any, cpu: ServerCPU, datname: str) -> Counter[str]:
 
 def _snapshot(pg: Any, cpu: ServerCPU, datname: str) -> Counter[str]:
     """Cumulative server counters: WAL bytes, statement time (ms), commits, CPU, Redis."""
-    wal, exec_ms, plan_ms, commits = pg.execute(PG_STATS_SQL, {"db": datname}).fetchone()
+    wal, exec_ms, plan_ms, commits, sessions = pg.execute(PG_STATS_SQL, {"db": datname}).fetchone()
     c: Counter[str] = Counter({"pg.wal_bytes": int(wal), "pg.exec_ms": float(exec_ms),
                                "pg.plan_ms": float(plan_ms),
                                "pg.commits": int(commits or 0),
+                               "pg.sessions": int(sessions or 0),
                                "pg.cpu_ms": cpu.pg_ns() / 1e6,
                                "redis.cpu_us": cpu.redis_us()})
     calls = cpu.redis_calls()
@@ -150,7 +152,7 @@ def released(root: Path) -> bool:
 
 LOAD_ROWS = [("commits", "pg.commits"), ("PG CPU ms", "pg.cpu_ms"),
              ("PG statement ms", "pg.exec_ms"), ("PG planning ms", "pg.plan_ms"),
-             ("WAL bytes", "pg.wal_bytes"),
+             ("PG connects", "pg.sessions"), ("WAL bytes", "pg.wal_bytes"),
              ("Redis calls", "redis.calls"), ("Redis CPU µs", "redis.cpu_us"),
              ("worker CPU ms", "worker.cpu_ms"), ("gateway CPU ms", "gateway.cpu_ms"),
              ("submit CPU ms", "submit.cpu_ms")]
@@ -197,17 +199,21 @@ def diff(after: Counter[str], before: Counter[str]) -> Counter[str]:
 
 
 TOP_SQL = """
-SELECT s.calls, s.total_exec_time, regexp_replace(left(s.query, 110), '\\s+', ' ', 'g')
+SELECT s.calls, s.total_exec_time, s.plans, s.total_plan_time,
+       regexp_replace(left(s.query, 110), '\\s+', ' ', 'g')
 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-WHERE d.datname = %(db)s ORDER BY s.total_exec_time DESC LIMIT 15
+WHERE d.datname = %(db)s AND s.query NOT LIKE 'CREATE %%'
+ORDER BY s.total_exec_time + s.total_plan_time DESC LIMIT 15
 """
 
 
 def top_statements(pg: Any, datname: str) -> str:
     """The statements that took the most time, over the whole bench (--details)."""
-    lines = ["| calls | total ms | mean ms | statement |", "|---|---|---|---|"]
-    for calls, total, text in pg.execute(TOP_SQL, {"db": datname}).fetchall():
-        lines.append(f"| {calls} | {total:.1f} | {total / max(calls, 1):.3f} | `{text}` |")
+    lines = ["| calls | total ms | mean ms | plans | planning ms | statement |",
+             "|---|---|---|---|---|---|"]
+    for calls, total, plans, plan_ms, text in pg.execute(TOP_SQL, {"db": datname}).fetchall():
+        lines.append(f"| {calls} | {total:.1f} | {total / max(calls, 1):.3f} | {plans} | "
+                     f"{plan_ms:.1f} | `{text}` |")
     return "\n".join(lines)
 
 
@@ -216,7 +222,8 @@ def under_load(n: int, rates: list[float], play: Path, *, details: bool) -> None
     log_dir = Path(tempfile.mkdtemp(prefix="bench-run-cost-load-"))
     pg_options = ("-c", "shared_preload_libraries=pg_stat_statements", "-c", "autovacuum=off",
                   "-c", "pg_stat_statements.track_utility=on",
-                  "-c", "pg_stat_statements.track_planning=on")
+                  "-c", "pg_stat_statements.track_planning=on",
+                  *os.environ.get("BENCH_PG_EXTRA", "").split())
     with private_servers(log_dir, pg_options) as (pg_base, redis_base), \
             bench_env(redis_db=0, pg_base=pg_base, redis_base=redis_base) as env:
         import tasks

@@ -10,6 +10,9 @@ each `--rate` (runs/s), on servers without the statement log (it costs CPU), two
 processes; per run: commits (pg_stat_database), PostgreSQL CPU (bench/costlib.py), time
 inside statements (pg_stat_statements), WAL bytes, Redis calls (INFO commandstats, scripts'
 commands included, BRPOP left out) and Redis CPU, less the same span idle.
+`BENCH_PG_EXTRA="-c name=value ..."` adds settings to that server (docs/design.md's trials
+of `synchronous_commit` and `plan_cache_mode`); `--details` lists the costliest statements
+with their planning.
 
 On servers of its own (exact counts: no other user), a gateway, a fake-runner host and one
 worker (`--without-heartbeat`, watchdog off: per-worker traffic, not per-run; no beat) run
@@ -63,8 +66,9 @@ from bench.common import (  # noqa: E402
 
 NOOP = ROOT / "examples" / "plays" / "noop.py"
 QUIET_S = 1.3
-BEAT_GAP_S = 3.5  # below the 5 s heartbeat interval: a run has one beat
-PHASES = ["admission", "claim, acquisition, launch", "first heartbeat", "settlement", "release"]
+BEAT_GAP_S = 7.5  # the first beat comes after the 5 s interval, the second at 10 s: one
+PHASES = ["admission", "claim, acquisition, launch", "a heartbeat (plays over 5 s)",
+          "settlement", "release"]
 COLUMNS = [("commits", "commits"), ("durable", "durable"), ("async", "async"),
            ("read-only", "read_only"), ("pings", "log.pings"), ("WAL fsyncs", "pg.wal_syncs"),
            ("statements", "log.statements"), ("BEGIN/COMMIT/SET", "log.tx_control"),

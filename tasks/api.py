@@ -189,8 +189,17 @@ def submit_run(play: str | Path, input: Any = None, *, org_id: str,
     default applies, then PLAYRUN_PLACEMENT_DEFAULT. An unknown name: PLACEMENT_UNKNOWN.
     """
     ensure_schema_once()
-    return _published([admit(play, input, org_id, idempotency_key, handed_off=not _fair(),
-                             placement=placement)])[0]
+    if not _fair():
+        return _published([admit(play, input, org_id, idempotency_key, handed_off=True,
+                                 placement=placement)])[0]
+    # Fair order with no start waiting: this one goes out at once, as a pass would send it.
+    admitted = admit(play, input, org_id, idempotency_key, handed_off=fair_relay.skip_queue,
+                     placement=placement)
+    if admitted.handed_off and admitted.outbox_id is not None:
+        sent = fair_relay.send_skipped((admitted.outbox_id, TASK_START_ATTEMPT,
+                                        start_args(admitted.run_id, admitted.provider)), org_id)
+        return RunHandle(admitted.run_id, admitted.created, sent)
+    return _published([admitted])[0]
 
 
 def submit_runs(runs: Sequence[RunRequest | Mapping[str, Any]]) -> list[RunHandle]:

@@ -228,6 +228,8 @@ TASK_RELEASE_ATTEMPTS: Final = "playrun.release_attempts"
 RELEASE_BATCH_MAX: Final = 20
 RELEASE_BATCH_WINDOW_S: Final = 0.05  # a release waits at most this past the last send
 MAX_LEASE_TOKEN_CHARS: Final = 64  # attempts.lease_token's column
+# runtime_resources' id, provider and sandbox_id columns
+SANDBOX_FIELD_CHARS: Final = (32, 64, 256)
 TASK_INSPECT_ATTEMPT: Final = "playrun.inspect_attempt"
 TASK_CANCEL_ATTEMPT: Final = "playrun.cancel_attempt"
 TASK_POOL_TICK: Final = "playrun.pool_tick"  # beat: each pool's hygiene, then its refills

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from models import Attempt, Outbox, Run, db_now
 from tasks.acquisition.backoff import budget_exhausted, deferral_delay_ms, pacing_delay_ms
+from tasks.acquisition.fairshare import relay as fair_relay
 from tasks.admission.rows import start_args
 from tasks.admission.submit import enqueue_start
 from tasks.broker.app import start_queue
@@ -102,9 +103,9 @@ def defer(fence: Fence, cause: Cause, settings: Settings, *,
     if verdict is not Verdict.DEFERRED:
         run_settled(fence.run_id,
                     RunStatus.FAILED if verdict is Verdict.EXHAUSTED else RunStatus.CANCELLED)
-    elif (outbox_id is not None and delay / 1000 <= settings.max_countdown_s
-          and settings.start_order == StartOrder.FIFO):
-        # Fair order: the row waits in the outbox for its org's turn once due.
+    elif outbox_id is not None and settings.start_order == StartOrder.FAIR:
+        fair_relay.note_backlog()  # the row waits in the outbox for its org's turn once due
+    elif outbox_id is not None and delay / 1000 <= settings.max_countdown_s:
         _publish_with_countdown(outbox_id, start_args(fence.run_id, provider), delay / 1000)
     return verdict
 
@@ -128,6 +129,9 @@ def _park(session: Session, run: Run, attempt: Attempt, fence: Fence, cause: Cau
     """The attempt waits (same generation); the next start is an outbox row due later."""
     attempt.state = AttemptState.DEFERRED
     attempt.lease_expires_at = db_now()
+    # A runner launched before the wait (its launch timed out, a standby never took the
+    # run) must not pass the launch fence once the attempt resumes under the same generation.
+    attempt.launch_id = None
     run.status = RunStatus.QUEUED
     run.deferred_until = db_now(delay / 1000)
     run.deferral_count += 1 if counted else 0

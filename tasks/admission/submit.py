@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -50,6 +50,7 @@ class Admitted:
     created: bool
     outbox_id: str | None
     provider: str | None = None  # the queue its start went to, when placed
+    handed_off: bool = False  # its outbox row was written marked sent, for us to publish
 
 
 def enqueue_start(session: Session, run_id: str, org_id: str, *, delay_s: float = 0.0,
@@ -185,7 +186,7 @@ def _write_once(items: Sequence[rows.NewRun], handed_off: bool) -> list[Admitted
     for s in slot:
         w = written[s]
         out.append(Admitted(w.run_id, w.created and s not in seen,
-                            w.outbox_id if s not in seen else None, w.provider))
+                            w.outbox_id if s not in seen else None, w.provider, handed_off))
         seen.add(s)
     return out
 
@@ -211,10 +212,13 @@ def write_admitted(items: Sequence[rows.NewRun], *, handed_off: bool) -> list[Ad
 
 
 def admit(play: str | Path, input: Any, org_id: str, idempotency_key: str | None, *,
-          handed_off: bool = False, placement: str | None = None) -> Admitted:
-    """Validate one run (tasks.admission.validate), then write it in one transaction."""
+          handed_off: bool | Callable[[str], bool] = False,
+          placement: str | None = None) -> Admitted:
+    """Validate one run (tasks.admission.validate), then write it in one transaction.
+    `handed_off` may be asked of the valid run's org, just before the write."""
     item = _check(play, input, org_id, idempotency_key, {}, placement)
-    return write_admitted([item], handed_off=handed_off)[0]
+    hand_off = handed_off(item.org_id) if callable(handed_off) else handed_off
+    return write_admitted([item], handed_off=hand_off)[0]
 
 
 def admit_many(items: Any, *, handed_off: bool = False) -> list[Admitted]:

@@ -209,7 +209,8 @@ class Uplink:
     # --- heartbeats --------------------------------------------------------------------
 
     def _beat(self) -> None:
-        while not self._done.is_set():
+        # The launch granted a whole lease: a play shorter than one interval never beats.
+        while not self._done.wait(self.interval_s):
             try:
                 answer = self.gateway.call(self.token, {"action": protocol.ACTION_HEARTBEAT})
                 if isinstance(answer, dict) and answer.get("cancel"):
@@ -219,7 +220,6 @@ class Uplink:
                     self.on_stop(f"the gateway refused this runner: {exc}")
             except Unavailable:
                 pass  # the reaper judges silence; a short outage costs nothing
-            self._done.wait(self.interval_s)
 
     # --- progress ------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from tasks.gateway.actions import ACTIONS, Action, ActionRequest, Context
 from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.budgets import retry_after_header
 from tasks.gateway.fleet.limits import Hold, limits_for
+from tasks.gateway.lost import LostLaunches
 from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher, Send
 from tasks.gateway.wakeups import Wakeups
@@ -207,6 +208,7 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
                   refusals=Refusals(settings.gateway_abuse_refusals,
                                     settings.gateway_abuse_window_s,
                                     shared=limits if limits.store is not None else None))
+    lost = LostLaunches()
 
     async def runtime(request: Request) -> JSONResponse:
         started = time.perf_counter()
@@ -217,6 +219,7 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
         read = False
         try:
             grant = tokens.verify(bearer(request), settings.secret_key)
+            lost.check(grant)
             ctx.refusals.check((grant.run_id, grant.generation))
             limit, hinted = body_limit(request, grant, settings)
             admitted = await limits.admit((grant.run_id, grant.generation),
@@ -237,6 +240,8 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
         except PlayrunError as exc:
             if grant is not None and not acting and isinstance(exc, GatewayError):
                 exc = await guard.refused(grant, exc, ctx)
+            elif grant is not None and acting and isinstance(exc, FenceLostError):
+                lost.lost(grant)
             code = exc.code
             response = refusal(exc)
             if not read and unread_is_large(request):

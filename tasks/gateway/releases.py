@@ -34,14 +34,17 @@ class ReleaseBatcher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def add(self, holder: Holder, queue_name: str) -> None:
-        """Queue one attempt's release for the worker that reaches its sandbox."""
+    def add(self, holder: Holder, queue_name: str,
+            sandbox: tuple[str, str, str] | None = None) -> None:
+        """Queue one attempt's release for the worker that reaches its sandbox; `sandbox`
+        (resource id, provider, sandbox id), when the terminal's write read its only one,
+        goes with it."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="playrun-releases",
                                                 daemon=True)
                 self._thread.start()
-        self._queue.put((queue_name, holder))
+        self._queue.put((queue_name, holder, sandbox))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued, then stop (the gateway's shutdown)."""
@@ -72,10 +75,11 @@ class ReleaseBatcher:
             last_send = time.monotonic()
             self._send(batch)
 
-    def _send(self, batch: list[tuple[str, Holder]]) -> None:
+    def _send(self, batch: list[tuple[str, Holder, tuple[str, str, str] | None]]) -> None:
         by_queue: dict[str, list[list[Any]]] = {}
-        for queue_name, holder in batch:
-            by_queue.setdefault(queue_name, []).append(list(holder))
+        for queue_name, holder, sandbox in batch:
+            by_queue.setdefault(queue_name, []).append(
+                [*holder, list(sandbox)] if sandbox else list(holder))
         for queue_name, holders in by_queue.items():
             try:
                 self.send(TASK_RELEASE_ATTEMPTS, [holders], queue_name)

@@ -16,6 +16,7 @@ through `top_orgs`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -95,18 +96,30 @@ class _Metrics:
             REGISTRY.unregister(metric)
 
 
-@lru_cache(maxsize=1)
+_BUILDING = threading.Lock()
+
+
 def _get() -> _Metrics | None:
+    # One build: two request threads ending their first runs at once would register twice.
+    if _built.cache_info().currsize:
+        return _built()
+    with _BUILDING:
+        return _built()
+
+
+@lru_cache(maxsize=1)
+def _built() -> _Metrics | None:
     return _Metrics() if get_settings().metrics_enabled else None
 
 
 def reset() -> None:
     """Forget the metric objects (the worker switching to multiprocess mode; tests)."""
-    if _get.cache_info().currsize:
-        built = _get()
-        if built is not None:
-            built.unregister()
-    _get.cache_clear()
+    with _BUILDING:
+        if _built.cache_info().currsize:
+            built = _built()
+            if built is not None:
+                built.unregister()
+        _built.cache_clear()
 
 
 def enabled() -> bool:

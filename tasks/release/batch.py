@@ -14,7 +14,7 @@ holder's slot taken for the reaper's retry, as before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tasks.constants import LEASE_HELD, RECEIPT_HELD, EventKind, LeaseState, SandboxState
@@ -26,6 +26,7 @@ from tasks.store.db import driver_cursor, sql_list
 log = logging.getLogger("playrun.release")
 
 Holder = tuple[str, int, str]  # (run id, generation, holder token)
+Sandbox = tuple[str, str, str]  # (resource id, provider, sandbox id)
 
 _INPUT = """
     SELECT * FROM unnest(%(runs)s::varchar[], %(gens)s::integer[], %(tokens)s::varchar[])
@@ -82,21 +83,18 @@ SELECT c.ord FROM receipts c WHERE c.held ORDER BY c.ord
 """
 
 
-def release_batch(holders: Sequence[Holder], one: Callable[[str, int, str], None]) -> None:
+def release_batch(holders: Sequence[Holder], one: Callable[[str, int, str], None],
+                  known: Mapping[Holder, Sandbox] | None = None) -> None:
     """Release every holder's sandbox and leases; `one(run_id, generation, token)` releases
-    a holder the one-holder way. Raises only from the first read, before any delete (the
+    a holder the one-holder way. `known`: holders whose only sandbox the terminal's write
+    read; the others are read here. Raises only from that read, before any delete (the
     caller then goes the one-holder way for all)."""
     holders = list(dict.fromkeys(holders))  # a holder twice in one batch: released once
-    params: dict[str, Any] = {"runs": [h[0] for h in holders], "gens": [h[1] for h in holders],
-                              "tokens": [h[2] for h in holders]}
-    with driver_cursor() as cur:
-        cur.execute(_UNDELETED, params)
-        found: dict[int, list[tuple[str, str, str]]] = {}
-        for ord_, rid, prov, sid in cur.fetchall():
-            found.setdefault(int(ord_) - 1, []).append((rid, prov, sid))
-    common: list[tuple[Holder, tuple[str, str, str]]] = []
-    for index, holder in enumerate(holders):
-        sandboxes = found.get(index, [])
+    known = known or {}
+    found = _undeleted([h for h in holders if h not in known])
+    common: list[tuple[Holder, Sandbox]] = []
+    for holder in holders:
+        sandboxes = [known[holder]] if holder in known else found.get(holder, [])
         if len(sandboxes) != 1:
             one(*holder)  # none or several: as before
         elif deleted_at_provider(*sandboxes[0], holder[0]):
@@ -120,7 +118,21 @@ def release_batch(holders: Sequence[Holder], one: Callable[[str, int, str], None
         one(*holder)
 
 
-def _mark_one(holder: Holder, sandbox: tuple[str, str, str]) -> bool:
+def _undeleted(holders: list[Holder]) -> dict[Holder, list[Sandbox]]:
+    """Each holder's undeleted sandboxes, in one read."""
+    if not holders:
+        return {}
+    params: dict[str, Any] = {"runs": [h[0] for h in holders], "gens": [h[1] for h in holders],
+                              "tokens": [h[2] for h in holders]}
+    found: dict[Holder, list[Sandbox]] = {}
+    with driver_cursor() as cur:
+        cur.execute(_UNDELETED, params)
+        for ord_, rid, prov, sid in cur.fetchall():
+            found.setdefault(holders[int(ord_) - 1], []).append((rid, prov, sid))
+    return found
+
+
+def _mark_one(holder: Holder, sandbox: Sandbox) -> bool:
     """The one-holder statement for a deleted sandbox; True if the holder holds receipts."""
     run_id, generation, token = holder
     try:

@@ -101,16 +101,20 @@ class Released:
 
 
 def release_sandboxes(run_id: str, generation: int, token: str, *,
-                      with_leases: bool = False) -> Released:
+                      with_leases: bool = False,
+                      known: tuple[str, str, str] | None = None) -> Released:
     """Delete every sandbox this holder still has. `with_leases`: on PostgreSQL, a lone
     sandbox's mark also releases the holder's leases unless it holds receipts
-    (after_delete.py), one statement where there were three."""
+    (after_delete.py), one statement where there were three. `known`: the holder's only
+    sandbox (id, provider, sandbox id) as the terminal's write read it; not read again."""
     postgres = get_engine().dialect.name == "postgresql"
     params = {"run": run_id, "gen": generation, "token": token}
-    if postgres:  # a plain read in autocommit: one round trip, no BEGIN or COMMIT
+    if known is not None and postgres:
+        rows: Sequence[Any] = [known]
+    elif postgres:  # a plain read in autocommit: one round trip, no BEGIN or COMMIT
         with driver_cursor() as cur:
             cur.execute(_PG_UNDELETED, params)
-            rows: Sequence[Any] = cur.fetchall()
+            rows = cur.fetchall()
     else:  # stays a write-locked read, as it was: the deletes follow
         with autocommit() as conn:
             rows = conn.execute(_UNDELETED, params).all()

@@ -76,13 +76,15 @@ class FakeRun:
     async def heartbeat(self) -> None:
         interval = float(self.env.get("PLAYRUN_HEARTBEAT_S", "5"))
         while not self.done.is_set() and self.alive():
+            with contextlib.suppress(TimeoutError):  # first beat after one interval, as runner.py
+                await asyncio.wait_for(self.done.wait(), interval)
+            if self.done.is_set() or not self.alive():
+                break
             with contextlib.suppress(OSError, ValueError, ConnectionError):
                 answer = await _post(self.env, self.env["PLAYRUN_TOKEN"], {"action": "heartbeat"})
                 result = answer.get("result") or {}
                 if answer["status"] != 200 or result.get("cancel"):
                     self.done.set()  # cancelled or fenced out: stop, like runner.py
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.done.wait(), interval)
         self.done.set()  # deleted under it: the run is over
 
     async def push(self, body: dict[str, Any], token: str) -> None:

@@ -1,5 +1,6 @@
 """A pushed terminal on PostgreSQL in one statement: the launch fence, the attempt's end,
-the run's terminal fields and their ledger events, one durable round trip.
+the run's terminal fields and their ledger events, one durable round trip. It also reads
+the holder's sandboxes, so that the release carries them and need not read them again.
 
 It writes only when this launch is current on an open run with no cancel recorded. Any
 other case changes nothing and answers None: the general transaction (terminal.py) then
@@ -15,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from tasks.constants import TERMINAL_EVENT, AttemptState, EventKind
+from tasks.constants import TERMINAL_EVENT, AttemptState, EventKind, SandboxState
 from tasks.settlement.outcome import Outcome
 from tasks.store.fence import LaunchFence, held_launch_sql
 
@@ -45,8 +46,14 @@ WITH held AS ({held_launch_sql(
         UNION ALL
         SELECT 2, settled.id, %(kind)s, %(data)s::jsonb FROM settled
     ) e ORDER BY e.n
+), boxes AS (
+    SELECT x.id, x.provider, x.sandbox_id FROM runtime_resources x, held
+    WHERE x.run_id = held.id AND x.generation = %(gen)s
+      AND x.holder_token = held.lease_token AND x.state <> '{SandboxState.DELETED}'
 )
-SELECT held.lease_token, held.host_queue, held.created_at FROM held
+SELECT held.lease_token, held.host_queue, held.created_at,
+       (SELECT array_agg(ARRAY[b.id, b.provider, b.sandbox_id]) FROM boxes b)
+FROM held
 """
 
 
@@ -55,6 +62,9 @@ class Written:
     holder_token: str
     host_queue: str | None
     created_at: datetime
+    # The holder's one undeleted sandbox (id, provider, sandbox id): its release need not
+    # look it up. None when it has none or several.
+    sandbox: tuple[str, str, str] | None = None
 
 
 def settle(cur: psycopg.Cursor[Any], fence: LaunchFence, outcome: Outcome,
@@ -68,4 +78,7 @@ def settle(cur: psycopg.Cursor[Any], fence: LaunchFence, outcome: Outcome,
         "data": json.dumps({"code": outcome.code, "error": outcome.error}),
     })
     row = cur.fetchone()
-    return None if row is None else Written(row[0], row[1], row[2])
+    if row is None:
+        return None
+    boxes = row[3] or []
+    return Written(row[0], row[1], row[2], tuple(boxes[0]) if len(boxes) == 1 else None)

@@ -38,6 +38,7 @@ class Settled:
     # Who holds what the attempt left (for the release that follows), when known.
     holder_token: str | None = None
     host_queue: str | None = None
+    sandbox: tuple[str, str, str] | None = None  # its one sandbox, when the write read it
 
 
 def _current(run: Run) -> Outcome:
@@ -139,7 +140,7 @@ def settle_launch(fence: LaunchFence, outcome: Outcome, *,
                 return None
             metrics.run_ended(chosen.status, chosen.code, done.created_at,
                               chosen.code == RUNTIME_RUNNER_LOST)
-            return Settled(True, chosen, done.holder_token, done.host_queue)
+            return Settled(True, chosen, done.holder_token, done.host_queue, done.sandbox)
 
         def general() -> Settled:
             with session_scope() as session:

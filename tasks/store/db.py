@@ -82,7 +82,7 @@ def _ping_when_idle(engine: sa.Engine) -> None:
             raise sa.exc.DisconnectionError(f"stale pooled connection: {exc}") from exc
 
 
-def _pg_args(url: str) -> dict[str, Any]:
+def _pg_args(url: str, *, prepare_at_once: bool = False) -> dict[str, Any]:
     """netguard's bounds; `options` the URL already gives are kept beside ours.
 
     Behind PgBouncer (PLAYRUN_DB_PGBOUNCER) no statement is prepared: a transaction pooler
@@ -96,13 +96,16 @@ def _pg_args(url: str) -> dict[str, Any]:
     if settings.db_pgbouncer:
         del args["options"]
         args["prepare_threshold"] = None
-    elif given:
+        return args
+    if prepare_at_once:
+        args["prepare_threshold"] = 0
+    if given:
         args["options"] = f"{given if isinstance(given, str) else ' '.join(given)} " \
                           f"{args['options']}"
     return args
 
 
-def _pg_engine(url: str, **kwargs: Any) -> sa.Engine:
+def _pg_engine(url: str, *, prepare_at_once: bool = False, **kwargs: Any) -> sa.Engine:
     """A PostgreSQL engine with the pool bounds of the settings (docs/operations.md
     "Connections"), pinged when a connection was idle."""
     settings = get_settings()
@@ -110,7 +113,8 @@ def _pg_engine(url: str, **kwargs: Any) -> sa.Engine:
                               max_overflow=settings.db_max_overflow,
                               pool_timeout=settings.db_pool_timeout_s,
                               pool_recycle=settings.db_pool_recycle_s or -1,
-                              connect_args=_pg_args(url), **kwargs)
+                              connect_args=_pg_args(url, prepare_at_once=prepare_at_once),
+                              **kwargs)
     _ping_when_idle(engine)
     return engine
 
@@ -134,13 +138,15 @@ def _autocommit_engine(url: str) -> sa.Engine:
     under load, and a pool of 2 closed each connection past the second on checkin, so every
     busy second started dozens of server backends (a fork and a catalog warm-up each).
     Last in, first out: a quiet process reuses the same few, and the rest idle past
-    PING_IDLE_S and are pinged before their next use.
+    PING_IDLE_S and are pinged before their next use. Its statements are a handful of
+    fixed texts, each prepared on its first use, so the server parses and plans a CTE write
+    once per connection (psycopg's default waits for the fifth use).
     """
     key = (os.getpid(), url)
     engine = _autocommit_engines.get(key)
     if engine is None:
-        engine = _pg_engine(url, pool_use_lifo=True, isolation_level="AUTOCOMMIT",
-                            pool_reset_on_return=None)
+        engine = _pg_engine(url, prepare_at_once=True, pool_use_lifo=True,
+                            isolation_level="AUTOCOMMIT", pool_reset_on_return=None)
         _autocommit_engines[key] = engine
     return engine
 

@@ -51,7 +51,9 @@ def test_dev_serves_submit_runs_and_show_from_another_terminal(tmp_path: Path,
         assert state["pid"] == dev.pid
         scheme = {"sqlite": "sqlite:///", "postgres": "postgresql+psycopg://"}[database]
         assert state["env"]["PLAYRUN_DATABASE_URL"].startswith(scheme)
-        assert f"export PLAYRUN_REDIS_URL={state['env']['PLAYRUN_REDIS_URL']}" in log.read_text()
+        # The export lines follow the "is up" line: wait for the last of them.
+        export = f"export PLAYRUN_REDIS_URL={state['env']['PLAYRUN_REDIS_URL']}"
+        eventually(lambda: export in log.read_text(), what="the export lines")
 
         submitted = playrun(tmp_path, "submit", str(HELLO), "--input", '{"name": "Dev"}',
                             "--wait", "--timeout", "90")

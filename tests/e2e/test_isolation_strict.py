@@ -19,12 +19,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 import tasks
 from tasks.acquisition.sandbox import runner_files
 from tasks.errors import ConfigurationError
+from tasks.host.processes import free_port
 from tasks.sandbox import LocalProvider, SandboxSpec, supervisor_proc
 from tasks.sandbox.local import isolation as isolation_mod
 from tasks.settings import Settings, get_settings
@@ -33,7 +35,7 @@ from tests.support.helpers import eventually, kinds
 from tests.support.paths import HELLO, PLAYS, ROOT
 from tests.support.runs import FAST_STARTS
 from tests.support.session import BASE_ENV, TEST_PG_URL
-from tests.support.stack import Worker, worker_env
+from tests.support.stack import Gateway, Worker, worker_env
 
 pytestmark = pytest.mark.slow
 ESCAPE = PLAYS / "escape.py"
@@ -56,39 +58,17 @@ def org() -> str:
     return f"iso-{uuid.uuid4().hex[:8]}"
 
 
-class GatewayStandIn:
-    """A Unix socket where the gateway's would be (answers one line), and a TCP listener on
-    loopback standing in for the gateway's TCP port."""
+class Listener:
+    """A TCP listener on loopback that counts who reaches it: a port no sandbox may reach."""
 
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / "gateway.sock"
-        self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.unix.bind(str(self.path))
-        self.path.chmod(0o666)  # sandboxes connect as an unprivileged host uid
-        self.unix.listen(8)
+    def __init__(self) -> None:
         self.tcp = socket.create_server(("127.0.0.1", 0))
         self.tcp_port = self.tcp.getsockname()[1]
         self.tcp_hits = 0
-        self._stop = False
-        threading.Thread(target=self._serve_unix, daemon=True).start()
         threading.Thread(target=self._serve_tcp, daemon=True).start()
 
-    def _serve_unix(self) -> None:
-        while not self._stop:
-            try:
-                conn, _ = self.unix.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                try:
-                    if conn.recv(100):
-                        conn.sendall(b"pong\n")
-                except OSError:
-                    pass
-
     def _serve_tcp(self) -> None:
-        while not self._stop:
+        while True:
             try:
                 conn, _ = self.tcp.accept()
             except OSError:
@@ -97,25 +77,34 @@ class GatewayStandIn:
             conn.close()
 
     def close(self) -> None:
-        self._stop = True
-        self.unix.close()
         self.tcp.close()
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[GatewayStandIn]:
-    directory = Path(tempfile.mkdtemp(prefix="playrun-gw-"))
-    directory.chmod(0o755)
-    stand_in = GatewayStandIn(directory)
+def listener() -> Iterator[Listener]:
+    stand_in = Listener()
     yield stand_in
     stand_in.close()
 
 
 @pytest.fixture(scope="module")
-def strict_worker(pg_url: str, gateway: GatewayStandIn) -> Iterator[Worker]:
+def gateway(pg_url: str) -> Iterator[Gateway]:
+    """A gateway of the module's own: its socket is the one way out of a strict sandbox, and
+    the runs settle through it as soon as they end."""
+    directory = Path(tempfile.mkdtemp(prefix="playrun-gw-"))
+    directory.chmod(0o755)
+    g = Gateway(worker_env(PLAYRUN_GATEWAY_URL=f"http://127.0.0.1:{free_port()}",
+                           PLAYRUN_GATEWAY_SOCKET=str(directory / "gateway.sock")))
+    yield g
+    g.stop()
+
+
+@pytest.fixture(scope="module")
+def strict_worker(gateway: Gateway) -> Iterator[Worker]:
     env = worker_env(
         PLAYRUN_SANDBOX_ISOLATION="strict",
-        PLAYRUN_GATEWAY_SOCKET=str(gateway.path),
+        PLAYRUN_GATEWAY_URL=gateway.env["PLAYRUN_GATEWAY_URL"],
+        PLAYRUN_GATEWAY_SOCKET=gateway.env["PLAYRUN_GATEWAY_SOCKET"],
         PLAYRUN_RUN_TIMEOUT_S="30",
         PLAYRUN_SANDBOX_MAX_FILE_MB=str(MAX_FILE_MB),
         PLAYRUN_SANDBOX_MAX_DIR_MB=str(MAX_DIR_MB),
@@ -198,21 +187,23 @@ def test_proc_shows_no_secret_of_the_worker(strict_worker: Worker) -> None:
     assert strict_worker.proc.pid not in result.output["pids"] or strict_worker.proc.pid < 50
 
 
-def test_no_network_but_the_gateway_socket(strict_worker: Worker,
-                                           gateway: GatewayStandIn) -> None:
-    result = probe("network", ports=[5432, 6379, gateway.tcp_port])
+def test_no_network_but_the_gateway_socket(strict_worker: Worker, gateway: Gateway,
+                                           listener: Listener) -> None:
+    gateway_port = urlsplit(gateway.env["PLAYRUN_GATEWAY_URL"]).port
+    ports = [5432, 6379, listener.tcp_port, gateway_port]
+    result = probe("network", ports=ports)
     assert result.status == "succeeded", result
     out = result.output
     assert out["interfaces"] == ["lo"]
-    for port in (5432, 6379, gateway.tcp_port):
+    for port in ports:
         assert out[f"127.0.0.1:{port}"] == "refused: ECONNREFUSED", out
-    assert refused(out["resolve"]) and gateway.tcp_hits == 0
+    assert refused(out["resolve"]) and listener.tcp_hits == 0
     assert out["route"] == "ok: []"
     answer = probe("gateway")
     assert answer.status == "succeeded", answer
-    assert answer.output["answer"] == "pong\n"
+    assert answer.output["answer"] == "HTTP/1.1 200 OK"  # the gateway's /healthz
     assert answer.output["unlink"] == "refused: EROFS"
-    assert gateway.path.exists()
+    assert Path(gateway.env["PLAYRUN_GATEWAY_SOCKET"]).exists()
 
 
 def test_mounts_clock_signals_and_ptrace_are_refused(strict_worker: Worker) -> None:

@@ -78,7 +78,8 @@ def test_twenty_runs_under_a_create_limit_all_succeed(name: str, pg_url: str,
 def test_a_provider_that_allows_two_live_sandboxes_never_sees_three(
         name: str, pg_url: str, tmp_path: Path) -> None:
     with CLOUD[name](tmp_path, max_live=2) as double:
-        with worker_on(double, tmp_path) as w:
+        # A refused start waits its backoff: capped at 2 s, the five are done in seconds.
+        with worker_on(double, tmp_path, PLAYRUN_DEFERRAL_MAX_MS="2000") as w:
             tenant = org()
             handles = [tasks.submit_run(PLAYS / "sleepy.py", input={"seconds": 1},
                                         org_id=tenant) for _ in range(5)]

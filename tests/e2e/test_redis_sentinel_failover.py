@@ -1,10 +1,11 @@
 """A fleet on Redis Sentinel (a private primary, a replica and three sentinels on
-loopback): a failover while runs start and finish loses none of them, and the starts keep
-the bucket's pace."""
+loopback): a failover while runs start and finish, planned or by killing the primary,
+loses none of them, and the starts keep the bucket's pace."""
 
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,8 +71,11 @@ def requested_at(run_id: str) -> list[float]:
             if e.kind == EventKind.SANDBOX_REQUESTED]
 
 
+@pytest.mark.parametrize("fault", ["planned", "killed"])
 def test_a_failover_during_runs_loses_none(sentinel_group: SentinelGroup,
-                                           on_sentinel: str) -> None:
+                                           on_sentinel: str, fault: str) -> None:
+    """`planned`: SENTINEL FAILOVER. `killed`: the primary dies (SIGKILL) and the sentinels
+    promote its replica; what it had not replicated is gone with it."""
     worker = Worker(worker_env(PLAYRUN_REDIS_URL=on_sentinel, **{**FAST_RECOVERY, **RATE}))
     try:
         worker.wait_ready()
@@ -79,7 +83,11 @@ def test_a_failover_during_runs_loses_none(sentinel_group: SentinelGroup,
         eventually(lambda: sum(tasks.get_run(r).status == "succeeded" for r in first) >= 3,
                    timeout=60, what="the first runs to finish")
         old = sentinel_group.primary_port()
-        assert sentinel_group.failover() != old  # runs are queued, starting and running
+        if fault == "planned":
+            assert sentinel_group.failover() != old  # runs are queued, starting and running
+        else:
+            sentinel_group.primary.kill(signal.SIGKILL)
+            assert sentinel_group.wait_for_other_primary(old) != old
         second = [submit() for _ in range(6)]
         runs = first + second
         eventually(lambda: all(tasks.get_run(r).status in DONE for r in runs),
@@ -91,7 +99,9 @@ def test_a_failover_during_runs_loses_none(sentinel_group: SentinelGroup,
     starts = sorted(t for r in runs for t in requested_at(r))
     assert len(starts) == len(runs)  # one sandbox each: nothing started twice
     most = most_in_window(starts, 3.0)
-    print(f"\n{len(runs)} runs, most sandbox requests in 3 s: {most} "
+    print(f"\n{fault}: {len(runs)} runs, most sandbox requests in 3 s: {most} "
           f"(bucket: {PER_MIN / 20:g} + 1)")
     # Paced slots, +1 for a window's edge and +1 for a request written late after its slot.
-    assert most <= PER_MIN / 20 + 2
+    # With no primary each of the worker's 2 processes paces itself in memory
+    # (docs/operations.md), so a kill may reach twice the bucket for that while.
+    assert most <= (1 if fault == "planned" else 2) * PER_MIN / 20 + 2

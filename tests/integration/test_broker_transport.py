@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import uuid
 
+from kombu import Connection
+
 from tasks.broker.app import app
-from tasks.broker.transport import Channel, Transport
+from tasks.broker.transport import Channel, SentinelTransport, Transport
 
 
 def test_the_app_uses_it_and_a_channel_keeps_one_client_per_pool() -> None:
@@ -39,3 +41,15 @@ def test_a_message_round_trips_and_its_ack_clears_the_unacked_record() -> None:
             assert not client.hexists(unacked, message.delivery_tag)
         finally:
             q.close()
+
+
+def test_a_sentinel_connection_keeps_its_transport_when_it_moves_to_the_next_sentinel(
+        ) -> None:
+    """A lost connection makes kombu switch to the next URL of the list: the transport
+    stays playrun's (its pools follow the primary), not the scheme's stock one."""
+    urls = "sentinel://127.0.0.1:26379/0;sentinel://127.0.0.1:26380/0"
+    conn = Connection(urls, transport=SentinelTransport,
+                      transport_options={"master_name": "m"})
+    assert isinstance(conn.transport, SentinelTransport)
+    conn.maybe_switch_next()
+    assert conn.port == 26380 and isinstance(conn.transport, SentinelTransport)

@@ -40,11 +40,12 @@ candidate = st.builds(Candidate, st.sampled_from(ORGS), st.integers(1, 1000),
                       st.integers(0, 12), st.integers(-1, 6))
 op = st.one_of(
     st.tuples(st.just("pick"), st.integers(0, 16), st.integers(0, 20),
-              st.lists(candidate, max_size=5, unique_by=lambda c: c.org)),
+              st.lists(candidate, max_size=5, unique_by=lambda c: c.org), st.booleans()),
     st.tuples(st.just("sent"), st.integers(1, 60_000),
               st.lists(st.tuples(st.integers(0, 30).map(str), st.sampled_from(ORGS)),
                        max_size=6, unique_by=lambda m: m[0])),
     st.tuples(st.just("taken"), st.integers(0, 30).map(str)),
+    st.tuples(st.just("backlog"), st.booleans()),
     st.tuples(st.just("wait"), st.integers(0, 40_000)),
 )
 
@@ -56,17 +57,21 @@ def test_lua_and_python_agree_on_every_interleaving(ops: list[tuple]) -> None:  
     try:
         for step in ops:
             if step[0] == "pick":
-                _, window, queued, cands = step
+                _, window, queued, cands, clear_only = step
                 cands = sorted(cands, key=lambda c: c.org)
-                assert s.pick(window, queued, cands, now_ms=now) == \
-                    order.pick(model, window, queued, now, cands)
+                assert s.pick(window, queued, cands, now_ms=now, clear_only=clear_only) == \
+                    order.pick(model, window, queued, now, cands, clear_only=clear_only)
             elif step[0] == "sent":
                 _, count_ms, messages = step
                 assert s.sent(messages, count_ms=count_ms, now_ms=now) == \
                     order.sent(model, count_ms, now, messages)
             elif step[0] == "taken":
                 got = s.taken(step[1])
-                assert (got.counted, got.inflight, got.window) == order.taken(model, step[1])
+                assert (got.counted, got.inflight, got.window, got.backlog) == \
+                    order.taken(model, step[1])
+            elif step[0] == "backlog":
+                s.note_backlog(step[1])
+                order.note_backlog(model, step[1])
             else:
                 now += step[1]
             tags, virtual, inflight = stored(s)
@@ -102,6 +107,13 @@ def test_an_org_at_its_capacity_yields_its_turns_and_the_window_bounds_the_picks
         assert s.pick(3, 0, [Candidate("x", 1, 8, -1)], now_ms=T0) == ["x"]
         assert s.taken("m1") == Taken(True, 1, 3)  # m2 still in flight; window 3
         assert s.taken("m1") == Taken(False, 1, 3)  # a second report changes nothing
+        one = [Candidate("y", 1, 1, -1)]
+        assert s.pick(3, 0, one, now_ms=T0, clear_only=True) == []  # nothing noted yet
+        s.note_backlog(False)  # the last pass left nothing unsent: `taken` need not pump
+        assert s.taken("m2") == Taken(True, 0, 3, backlog=False)
+        assert s.pick(3, 0, one, now_ms=T0, clear_only=True) == ["y"]  # may skip the queue
+        s.note_backlog(True)
+        assert s.pick(3, 0, one, now_ms=T0, clear_only=True) == []  # starts wait: their turn
         assert s.pick(2, 5, [Candidate("x", 1, 8, -1)], now_ms=T0) == []  # queue is full
     finally:
         s.client.delete(*vars(s.keys).values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,8 +14,14 @@ import pytest
 
 from tasks.constants import RELEASE_BATCH_MAX, TASK_RELEASE_ATTEMPTS
 from tasks.errors import InputInvalidError
+from tasks.gateway.actions.base import Context
+from tasks.gateway.actions.complete import settle
+from tasks.gateway.beats import BeatBatcher
+from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher
 from tasks.release.attempt import holder_of, release_attempts
+from tasks.security import tokens
+from tasks.settings import get_settings
 from tasks.settlement.outcome import Outcome
 from tasks.settlement.terminal import settle_launch
 from tests.support.helpers import eventually
@@ -118,6 +125,10 @@ def test_a_failed_send_is_logged_and_later_ones_still_go(
     None, "x", [1, 2], [uuid.uuid4().hex, 0, "t"], [uuid.uuid4().hex, True, "t"],
     [uuid.uuid4().hex, 1, 7], [uuid.uuid4().hex, 1, "t" * 65], ["not-a-run-id", 1, "t"],
     [uuid.uuid4().hex, 2**40, "t"],
+    # The sandbox the terminal's write read: [resource id, provider, sandbox id], bounded.
+    [uuid.uuid4().hex, 1, "t", "fsb-1"], [uuid.uuid4().hex, 1, "t", ["r", "fake"]],
+    [uuid.uuid4().hex, 1, "t", ["r", "fake", ""]], [uuid.uuid4().hex, 1, "t", ["r", 7, "s"]],
+    [uuid.uuid4().hex, 1, "t", ["r", "p" * 65, "s"]], [uuid.uuid4().hex, 1, "t", None, None],
 ])
 def test_a_malformed_holder_is_refused_with_a_code(bad: Any) -> None:
     with pytest.raises(InputInvalidError) as caught:
@@ -146,3 +157,27 @@ def test_release_attempts_releases_each_holder_and_skips_the_malformed(
         assert event_kinds(fence.run_id)[-3:] == ["run.succeeded", "sandbox.deleted",
                                                   "capacity.released"]
     assert release_attempts("not a list") == 0
+
+
+def test_a_pushed_terminal_hands_its_sandbox_to_the_release(
+        _no_open_runs_left: None, rec: Recorder) -> None:
+    """The terminal's write reads the holder's one sandbox; the release message carries it
+    and the worker deletes that sandbox, marks it and frees the slot without reading."""
+    fence, token = launched()
+    batcher = ReleaseBatcher(rec, window_s=0.0)
+    ctx = Context(get_settings(), BeatBatcher(30.0, 0.0), batcher, Refusals(3000, 60.0))
+    grant = tokens.Grant("org", fence.run_id, fence.generation, fence.launch_id,
+                         frozenset(tokens.RUNNER_CAPABILITIES), time.time() + 60)
+    assert settle(grant, Outcome("succeeded", output={}), ctx).won
+    eventually(lambda: rec.sent, timeout=5, what="the release to be sent")
+    batcher.close()
+    [(name, [[sent]], _queue)] = rec.sent
+    assert name == TASK_RELEASE_ATTEMPTS and sent[:3] == [fence.run_id, fence.generation, token]
+    resource_id, provider_name, sandbox_id = sent[3]
+    assert provider_name == "fake" and sandbox_id.startswith("fsb-") and len(resource_id) == 32
+    assert release_attempts([sent]) == 1
+    assert event_kinds(fence.run_id)[-3:] == ["run.succeeded", "sandbox.deleted",
+                                              "capacity.released"]
+    assert release_attempts([sent]) == 1  # a repeat: nothing more is written
+    assert event_kinds(fence.run_id)[-3:] == ["run.succeeded", "sandbox.deleted",
+                                              "capacity.released"]

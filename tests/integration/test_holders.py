@@ -13,12 +13,13 @@ from models import Attempt
 from tasks.acquisition import deferral
 from tasks.acquisition.claim import Claimed
 from tasks.broker.publish import StubPublisher
+from tasks.errors import FenceLostError
 from tasks.execution.launch import mark_launching
 from tasks.maintenance.reaper import ReapReport, retry_releases
 from tasks.release.attempt import release_attempt
 from tasks.settings import get_settings
 from tasks.store.db import session_scope
-from tasks.store.fence import Fence
+from tasks.store.fence import Fence, LaunchFence, hold_launch
 from tests.support.helpers import eventually, kinds
 from tests.support.runs import claim_now, lease, must_claim, new_run, reserve
 
@@ -101,3 +102,20 @@ def test_a_cancel_during_acquisition_wins_over_a_deferral(
 def _try_claim(run_id: str, worker: str) -> Fence | None:
     result = claim_now(run_id, worker)
     return result.fence if isinstance(result, Claimed) else None
+
+
+def test_a_runner_launched_before_a_deferral_holds_no_fence_after_the_resume(
+    pg_url: str, published: StubPublisher
+) -> None:
+    settings = get_settings().model_copy(update={"deferral_base_ms": 1, "deferral_max_ms": 2})
+    a = must_claim(new_run(f"org-{uuid.uuid4().hex[:8]}"), "A")
+    launch_id = mark_launching(a, settings)
+    assert launch_id is not None
+    # Its runner never took the run (a standby lost, say): the attempt waits, then resumes.
+    assert deferral.defer(a, "hold", settings) == "deferred"
+    b = eventually(lambda: _try_claim(a.run_id, "B"), timeout=10, what="the run to be due")
+    assert b.generation == a.generation
+    stale = LaunchFence(a.run_id, a.generation, launch_id)
+    with pytest.raises(FenceLostError), session_scope() as session:
+        hold_launch(session, stale)  # before B records a launch of its own
+    assert _launch_record(b) == (None, None)

@@ -80,9 +80,10 @@ def gateway(input):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)
         sock.connect(path)
-        sock.sendall(b"ping\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
         answer = sock.recv(100)
-    return {"answer": answer.decode(), "unlink": _try(lambda: os.unlink(path))}
+    return {"answer": answer.decode().split("\r\n")[0],
+            "unlink": _try(lambda: os.unlink(path))}
 
 
 def kernel(input):

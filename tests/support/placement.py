@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import tasks
 from tasks.cli.main import app as cli
-from tasks.constants import KEY_START_RATE, EventKind
+from tasks.constants import KEY_PROVIDER_CIRCUIT, KEY_START_RATE, EventKind
 from tasks.sandbox.providers import REMOTE
 from tasks.store.notify import redis_client
 from tests.doubles.base import Double, discover
@@ -66,13 +66,13 @@ def fleet(tmp_path: Path, providers: str, *, double: dict[str, Any] | None = Non
 
 
 def fresh_buckets(*providers: str) -> None:
-    """Start-rate buckets (and learned ceilings) as a new fleet finds them: an earlier
-    test's refusals must not pace this one's starts."""
+    """Start-rate buckets (and learned ceilings) and circuits as a new fleet finds them: an
+    earlier test's refusals must not pace this one's starts, nor its failed creates (for
+    PLAYRUN_PROVIDER_CIRCUIT_OPEN_S after them) pass this one's attempts to a fallback."""
     client = redis_client()
     for provider in providers:
         stale = list(client.scan_iter(match=f"{KEY_START_RATE}{{{provider}}}*"))
-        if stale:
-            client.delete(*stale)
+        client.delete(KEY_PROVIDER_CIRCUIT + provider, *stale)
 
 
 def chosen(run_id: str) -> list[dict[str, Any]]:

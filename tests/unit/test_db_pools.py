@@ -48,8 +48,10 @@ def test_pgbouncer_mode_prepares_nothing_and_sends_no_startup_options(
     assert "idle_in_transaction_session_timeout" in direct["options"]
     assert direct["options"].startswith("-c search_path=app ")
     assert "prepare_threshold" not in direct
+    # The hot single statements' pool prepares each on its first use (no parse after it).
+    assert db._pg_args(URL, prepare_at_once=True)["prepare_threshold"] == 0
     settings.setenv("PLAYRUN_DB_PGBOUNCER", "true")
     reset_settings()
-    bounced = db._pg_args(URL)
-    assert "options" not in bounced and bounced["prepare_threshold"] is None
+    for bounced in (db._pg_args(URL), db._pg_args(URL, prepare_at_once=True)):
+        assert "options" not in bounced and bounced["prepare_threshold"] is None
     assert bounced["keepalives"] == 1 and bounced["connect_timeout"] >= 2

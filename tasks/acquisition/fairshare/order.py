@@ -31,6 +31,7 @@ class State:
     tags: dict[str, int] = field(default_factory=dict)
     virtual: int = 0
     window: int | None = None
+    backlog: bool = True  # what the last relay pass noted ('~b' of H)
     inflight: dict[str, tuple[int, str]] = field(default_factory=dict)  # id -> (until, org)
 
     def counts(self) -> dict[str, int]:
@@ -47,8 +48,10 @@ def expire(state: State, now_ms: int) -> None:
 
 
 def pick(state: State, window: int, queued: int, now_ms: int,
-         candidates: Sequence[Candidate]) -> list[str]:
+         candidates: Sequence[Candidate], *, clear_only: bool = False) -> list[str]:
     expire(state, now_ms)
+    if clear_only and state.backlog:
+        return []
     state.window = window
     room = window - max(len(state.inflight), queued)
     if room <= 0:
@@ -90,6 +93,10 @@ def sent(state: State, count_ms: int, now_ms: int, messages: Sequence[tuple[str,
     return len(state.inflight)
 
 
-def taken(state: State, task_id: str) -> tuple[bool, int, int]:
+def taken(state: State, task_id: str) -> tuple[bool, int, int, bool]:
     was = state.inflight.pop(task_id, None) is not None
-    return was, len(state.inflight), state.window or 0
+    return was, len(state.inflight), state.window or 0, state.backlog
+
+
+def note_backlog(state: State, left: bool) -> None:
+    state.backlog = left

@@ -9,22 +9,26 @@ queue holds at most the window: the starts the rate admits in the next fair_ahea
 Anyone who wants a pass while another runs leaves a note, and the running pass goes
 again. A relay that dies after the claim leaves runs still queued long after "sent":
 the sweep's resend gives them back to the outbox (unsent) and they keep their place.
+While the last pass left nothing unsent, an admission's own start skips the queue
+(`skip_queue`): picked alone, written sent and published by the admitting process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 import redis
 import sqlalchemy as sa
 
-from models import Outbox, db_now
+from models import CapacityOrg, Outbox, db_now
 from tasks.acquisition import permits
 from tasks.acquisition import policy as traffic
 from tasks.acquisition.fairshare.order import Candidate
@@ -98,11 +102,11 @@ def _sql(session: sa.orm.Session) -> str:
     return _CANDIDATES.format(now=now, held=held)
 
 
-def candidates(settings: Settings, room: int) -> list[Candidate]:
-    """Each org with unsent starts, in order of name (pick breaks ties by that order)."""
-    limit_rooms = settings.capacity_mode == "enforce" and settings.capacity_full == "defer"
-    with session_scope(readonly=True) as session:
-        rows = session.execute(sa.text(_sql(session)), {"room": room}).all()
+def candidates(settings: Settings, room: int, session: sa.orm.Session) -> list[Candidate]:
+    """Each org with unsent starts, in order of name (pick breaks ties by that order). An
+    org's `due` counts up to room + 1: more than room says some will be left unsent."""
+    limit_rooms = _rooms_apply(settings)
+    rows = session.execute(sa.text(_sql(session)), {"room": room + 1}).all()
     out = []
     for org, due, weight, limit, held in rows:
         cap = settings.org_capacity if limit is None else int(limit)
@@ -111,41 +115,53 @@ def candidates(settings: Settings, room: int) -> list[Candidate]:
     return sorted(out, key=lambda c: c.org)
 
 
-def _claim(wanted: Counter[str]) -> dict[str, list[tuple[str, str, list[Any]]]]:
-    """Mark each org's first due unsent rows (by place) sent; one transaction."""
+def _rooms_apply(settings: Settings) -> bool:
+    """Whether an org at its capacity limit gets no starts published (it would defer them)."""
+    return settings.capacity_mode == "enforce" and settings.capacity_full == "defer"
+
+
+def _claim(session: sa.orm.Session,
+           wanted: Counter[str]) -> dict[str, list[tuple[str, str, list[Any]]]]:
+    """Mark each org's first due unsent rows (by place) sent, in the pass's transaction."""
     out: dict[str, list[tuple[str, str, list[Any]]]] = {}
-    with session_scope() as session:
-        pg = is_postgres(session)
-        for org, count in wanted.items():
-            chosen = (sa.select(Outbox.id)
-                      .where(Outbox.org_id == org, Outbox.sent_at.is_(None),
-                             Outbox.available_at <= db_now())
-                      .order_by(Outbox.place, Outbox.created_at).limit(count))
-            if pg:
-                chosen = chosen.with_for_update(skip_locked=True)
-            rows = list(session.execute(
-                sa.update(Outbox).where(Outbox.id.in_(chosen.scalar_subquery()))
-                .values(sent_at=db_now(), publish_count=Outbox.publish_count + 1)
-                .returning(Outbox.id, Outbox.task_name, Outbox.args, Outbox.place,
-                           Outbox.created_at)).all())
-            rows.sort(key=lambda r: (r.place, r.created_at))
-            out[org] = [(r.id, r.task_name, list(r.args)) for r in rows]
+    pg = is_postgres(session)
+    for org, count in wanted.items():
+        chosen = (sa.select(Outbox.id)
+                  .where(Outbox.org_id == org, Outbox.sent_at.is_(None),
+                         Outbox.available_at <= db_now())
+                  .order_by(Outbox.place, Outbox.created_at).limit(count))
+        if pg:
+            chosen = chosen.with_for_update(skip_locked=True)
+        rows = list(session.execute(
+            sa.update(Outbox).where(Outbox.id.in_(chosen.scalar_subquery()))
+            .values(sent_at=db_now(), publish_count=Outbox.publish_count + 1)
+            .returning(Outbox.id, Outbox.task_name, Outbox.args, Outbox.place,
+                       Outbox.created_at)).all())
+        rows.sort(key=lambda r: (r.place, r.created_at))
+        out[org] = [(r.id, r.task_name, list(r.args)) for r in rows]
     return out
 
 
 def relay_pass(settings: Settings, fair: FairStore) -> int:
-    """One pass: pick, claim, count in flight, publish. Returns starts published."""
+    """One pass: pick, claim, count in flight, publish. Returns starts published.
+
+    The read and the claim share one transaction (async commit: a claim lost in a crash
+    only sends its start again, which the attempt's fence turns into a no-op); the pick
+    between them is one Redis call. Whether starts are left unsent is noted for `taken`."""
     limit = window(settings, _current_policy())
     if limit <= 0:
         return 0
-    cands = candidates(settings, limit)
-    if not cands:
-        return 0
-    # Only the queues this fleet serves: a queue no worker takes must not close the window.
-    picks = fair.pick(limit, publisher().waiting(start_queues(settings.served)), cands)
-    if not picks:
-        return 0
-    claimed = _claim(Counter(picks))
+    with session_scope(durable=False) as session:
+        cands = candidates(settings, limit, session)
+        if not cands:
+            fair.note_backlog(False)
+            return 0
+        # Only the queues this fleet serves: a queue no worker takes must not close the window.
+        picks = fair.pick(limit, publisher().waiting(start_queues(settings.served)),
+                          [replace(c, due=min(c.due, limit)) for c in cands])
+        claimed = _claim(session, Counter(picks)) if picks else {}
+    # Left unsent: more due than claimed, or rows not due yet (an org counted with none due).
+    fair.note_backlog(any(c.due == 0 or c.due > len(claimed.get(c.org, ())) for c in cands))
     messages: list[Message] = []
     owners: list[tuple[str, str]] = []
     for org in picks:  # the fair order, across orgs
@@ -158,6 +174,7 @@ def relay_pass(settings: Settings, fair: FairStore) -> int:
     fair.sent(owners)  # before the publish: a fast worker's `taken` must find them
     if not publish(messages):
         unmark([m[0] for m in messages])
+        fair.note_backlog(True)
         for task_id, _ in owners:
             fair.taken(task_id)
         return 0
@@ -214,6 +231,72 @@ def _pump(settings: Settings, fair: FairStore) -> int:
     return total
 
 
+def skip_queue(org: str, settings: Settings | None = None) -> bool:
+    """Whether an admission's own start may go out at once, marked sent when written: only
+    while the last pass left no start unsent and the window has room, so that it is what
+    a pass would do (one candidate, picked, its org's tag moved on as a pass moves it).
+    It saves the pass's transaction. False on any Redis or database error: the outbox."""
+    settings = settings or get_settings()
+    if _rooms_apply(settings):
+        return False  # a full org's starts must wait unpublished: only a pass reads its room
+    try:
+        # The note first: it fails fast when Redis is away (before the bucket's inspect
+        # would fall back to pacing in memory), and while starts wait it is all we ask.
+        if store().backlog_noted():
+            return False
+        limit = window(settings, _current_policy())
+        if limit <= 0:
+            return False
+        queued = publisher().waiting(start_queues(settings.served))
+        one = Candidate(org, _weight(org), 1, -1)  # capacity is the start's own check
+        return store().pick(limit, queued, [one], clear_only=True) == [org]
+    except (redis.RedisError, sa.exc.SQLAlchemyError, StartRateReplyError,
+            BrokerUnavailableError) as exc:
+        log.warning("admission's start left to the relay (%s: %s)", type(exc).__name__, exc)
+        return False
+
+
+def send_skipped(message: Message, org: str) -> bool:
+    """Publish a start that skipped the queue; on failure its row goes back to the outbox."""
+    fair = store()
+    try:
+        fair.sent([(message[0], org)])
+    except (redis.RedisError, StartRateReplyError) as exc:
+        log.warning("fair relay not told of start %s (%s)", message[0], exc)
+    if publish([message]):
+        return True
+    unmark([message[0]])
+    note_backlog()
+    with contextlib.suppress(redis.RedisError, StartRateReplyError):
+        fair.taken(message[0])
+    return False
+
+
+def note_backlog() -> None:
+    """A start row went back to the outbox (unsent or deferred): no admission skips the
+    queue, and taken starts ask for passes, until a pass finds none left. Best effort: the
+    sweep's pass notes it too."""
+    with contextlib.suppress(redis.RedisError):
+        store().note_backlog(True)
+
+
+_weights: dict[str, tuple[float, int]] = {}
+
+
+def _weight(org: str) -> int:
+    """The org's weight, read at most once a POLICY_TTL_S per process."""
+    now = time.monotonic()
+    cached = _weights.get(org)
+    if cached is not None and now - cached[0] < POLICY_TTL_S:
+        return cached[1]
+    with session_scope(readonly=True) as session:
+        weight = session.scalar(sa.select(CapacityOrg.weight).where(CapacityOrg.org_id == org))
+    if len(_weights) > 10_000:
+        _weights.clear()  # bounded: a process that admits for many orgs
+    _weights[org] = (now, int(weight or FAIR_WEIGHT_DEFAULT))
+    return _weights[org][1]
+
+
 def taken(task_id: str, settings: Settings | None = None) -> None:
     """A start message is past its permit (or ended before it): refill the window when it
     is half empty. Best effort: a lost report expires with the message's time in flight."""
@@ -223,5 +306,6 @@ def taken(task_id: str, settings: Settings | None = None) -> None:
     except (redis.RedisError, StartRateReplyError) as exc:
         log.warning("fair relay not told of start %s (%s)", task_id, exc)
         return
-    if done.counted and done.inflight * 2 <= done.window:
+    # Nothing left unsent at the last pass: the next admission asks for its own pass.
+    if done.counted and done.backlog and done.inflight * 2 <= done.window:
         pump(settings)

@@ -27,6 +27,7 @@ from tasks.errors import StartRateReplyError
 # length, so forgetting it early cannot let the queue grow past the window.
 INFLIGHT_MS = 5_000
 KEY_TTL_MS = 86_400_000  # a day without starts: the order starts afresh
+BACKLOG_FIELD = "~b"  # in the tags hash: 0 once a pass left nothing unsent
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Taken:
     counted: bool
     inflight: int
     window: int
+    backlog: bool = True  # the last pass left starts unsent (or none said otherwise)
 
 
 class FairStore:
@@ -80,9 +82,11 @@ class FairStore:
             return self.client.evalsha(s.sha, len(keys), *keys, *args)
 
     def pick(self, window: int, queued: int, candidates: Sequence[Candidate], *,
-             now_ms: int | None = None) -> list[str]:
+             now_ms: int | None = None, clear_only: bool = False) -> list[str]:
+        """`clear_only`: nothing unless the last pass left no start unsent."""
         k = self.keys
-        args: list[Any] = [window, queued, "" if now_ms is None else now_ms, KEY_TTL_MS]
+        args: list[Any] = [window, queued, "" if now_ms is None else now_ms, KEY_TTL_MS,
+                           "1" if clear_only else ""]
         for c in candidates:
             args += [c.org, c.weight, c.due, c.room]
         reply = self._run("pick", (k.tags, k.inflight, k.owners, k.counts), args)
@@ -102,10 +106,19 @@ class FairStore:
         k = self.keys
         reply = self._run("taken", (k.inflight, k.owners, k.counts, k.tags), [task_id])
         try:
-            was, inflight, window = (int(v) for v in reply)
+            was, inflight, window, backlog = (int(v) for v in reply)
         except (TypeError, ValueError) as exc:
             raise StartRateReplyError(f"fair taken answered {reply!r:.200}") from exc
-        return Taken(bool(was), inflight, window)
+        return Taken(bool(was), inflight, window, bool(backlog))
+
+    def backlog_noted(self) -> bool:
+        """False only once a pass noted that it left nothing unsent."""
+        value: Any = self.client.hget(self.keys.tags, BACKLOG_FIELD)
+        return value not in (b"0", "0")
+
+    def note_backlog(self, left: bool) -> None:
+        """What the last relay pass left unsent, for `taken` (a field of the tags hash)."""
+        self.client.hset(self.keys.tags, BACKLOG_FIELD, "1" if left else "0")
 
     def lock(self, token: str, ttl_ms: int) -> bool:
         return bool(self.client.set(self.keys.lease, token, nx=True, px=ttl_ms))

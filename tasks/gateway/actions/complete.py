@@ -35,7 +35,7 @@ def settle(grant: Grant, outcome: Outcome, ctx: Context, *,
     settled = settle_launch(launch_of(grant), outcome, reason=reason)
     if settled.won:
         ctx.releases.add((grant.run_id, grant.generation, settled.holder_token or ""),
-                         settled.host_queue or RELEASE_QUEUE)
+                         settled.host_queue or RELEASE_QUEUE, settled.sandbox)
     return settled
 
 

@@ -10,7 +10,9 @@
 -- ARGV[2]  queued: start messages waiting in the broker queue (counted if above G)
 -- ARGV[3]  now_ms, or '' for Redis TIME
 -- ARGV[4]  key TTL, ms
--- ARGV[4i+1 .. 4i+4]  candidate i: org, weight (1..1000), runs due (at most the
+-- ARGV[5]  '1': pick nothing unless the last relay pass left no start unsent ('~b' of H
+--          is 0): an admission's own start may skip the outbox's queue only then
+-- ARGV[4i+2 .. 4i+5]  candidate i: org, weight (1..1000), runs due (at most the
 --          window), capacity room (-1: none applies); the room left is that less the
 --          org's messages in flight
 -- Returns  the orgs picked, in order, one entry per start (at most window - in flight).
@@ -40,6 +42,7 @@ for _, id in ipairs(stale) do
 end
 if #stale > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) end
 
+if ARGV[5] == '1' and redis.call('HGET', KEYS[1], '~b') ~= '0' then return {} end
 redis.call('HSET', KEYS[1], '~w', window)
 redis.call('PEXPIRE', KEYS[1], ttl)
 local inflight = redis.call('ZCARD', KEYS[2])
@@ -50,7 +53,7 @@ if room <= 0 then return {} end
 local v = tonumber(redis.call('HGET', KEYS[1], '~v')) or 0
 local orgs, tag, cost, left = {}, {}, {}, {}
 local n = 0
-for i = 5, #ARGV, 4 do
+for i = 6, #ARGV, 4 do
   n = n + 1
   local org = ARGV[i]
   orgs[n] = org

@@ -354,6 +354,7 @@ class StrictChild:
                 "init_starttime": self.init_start,
                 "pidns": info.get("pid-namespace") or pidns_of(self.init_pid),
                 "bwrap_pid": self.pid,
+                "bwrap_starttime": bwrap_stat[3] if (bwrap_stat := read_stat(self.pid)) else None,
                 "cgroup": str(self.cgroup) if self.cgroup else None,
             }
             # Not fsynced: a power loss ends the namespace and everything in it.

@@ -146,10 +146,12 @@ def test_a_create_that_timed_out_after_making_the_sandbox_serves_once_and_leaves
         assert len(live) == 1  # exactly one sandbox served the run
         picks = [p["provider"] for p in chosen(handle.id)]
         assert picks[-1] == live[0]
-        # The sandbox the lost answer made is found again by its key, or (when the retry
-        # outruns the double's listing) deleted unused: at most one more create, and never a
-        # second sandbox left behind.
-        assert double.creates() in (1, 2)
+        # Each ask of the cloud made at most one sandbox (the lost answer's is found again by
+        # its key or deleted unused); under load a later create may time out as well, so the
+        # count of asks, not a fixed number, bounds what was made.
+        asked = [e for e in tasks.run_events(handle.id)
+                 if e.kind == EventKind.SANDBOX_REQUESTED and e.data["provider"] == CLOUD]
+        assert 1 <= double.creates() <= len(asked), (double.creates(), len(asked))
         # The served sandbox's release follows the run's end, asynchronously.
         eventually(lambda: double.live_count() == 0, what="the served sandbox's release")
 

@@ -29,6 +29,7 @@ from tasks.sandbox import (
 )
 from tasks.sandbox.local import limits as limits_mod
 from tasks.sandbox.local.processes import is_live
+from tasks.sandbox.local.records import read_json
 from tests.support.local_sandbox import (  # noqa: F401 (provider: a fixture)
     RUNNER,
     TREE_MODES,
@@ -189,6 +190,23 @@ def test_missing_when_supervisor_is_killed(provider: LocalProvider) -> None:
     # The orphaned play is still found (by its sandbox HOME) and killed.
     provider.delete(sid)
     assert not any(is_live(pid) for pid in pids)
+
+
+def test_delete_waits_for_bwrap_outside_the_namespace(provider: LocalProvider) -> None:
+    if not is_strict(provider):
+        pytest.skip("bwrap runs in strict isolation only")
+    sid = provider.create(SandboxSpec(labels={}, files={})).sandbox_id
+    tag = f"{random.randint(100, 999)}.{random.randint(10**8, 10**9)}"
+    provider.exec_detached(sid, ["sleep", tag], env={}, timeout_s=100)
+    wait_for(lambda: find_pids(tag))
+    ns = wait_for(lambda: read_json(provider.control_root / sid / supervisor_proc.NS_FILE))
+    # bwrap slow to notice its init's death (a busy host): it outlives the namespace.
+    os.kill(ns["bwrap_pid"], signal.SIGSTOP)
+    record = json.loads((provider.control_root / sid / "proc.json").read_text())
+    os.killpg(record["pid"], signal.SIGKILL)
+    assert wait_for(lambda: provider.poll(sid).state == "missing")
+    provider.delete(sid)
+    assert not is_live(ns["bwrap_pid"])
 
 
 def test_memory_limit_makes_huge_allocation_fail(provider: LocalProvider) -> None:

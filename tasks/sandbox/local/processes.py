@@ -192,7 +192,9 @@ def namespace_gone(control: Path, ns: dict[str, object]) -> bool:
     if not _gone(proc, "pid", "starttime"):
         return False
     if proc.get("isolation") == "strict":
-        return _gone(ns, "init_pid", "init_starttime")
+        # bwrap itself lives outside the namespace and exits a moment after its init.
+        outer_gone = ns.get("bwrap_starttime") is None or _gone(ns, "bwrap_pid", "bwrap_starttime")
+        return _gone(ns, "init_pid", "init_starttime") and outer_gone
     # unshare --fork --kill-child: its child is the namespace's init and dies with it, but
     # a moment later (a parent-death signal). Only a supervisor that ended normally (its
     # exit record) waited for that; after one killed, the scan finds what is still dying.
@@ -203,7 +205,8 @@ def _kill_recorded(control: Path, ns: dict[str, object]) -> None:
     """SIGKILL the recorded supervisor (or its unshare) and namespace init, each checked by
     start time so a reused pid is never hit."""
     for record, pid_key, start_key in ((read_json(control / PROC_FILE) or {}, "pid", "starttime"),
-                                       (ns, "init_pid", "init_starttime")):
+                                       (ns, "init_pid", "init_starttime"),
+                                       (ns, "bwrap_pid", "bwrap_starttime")):
         pid = record.get(pid_key)
         if not isinstance(pid, int):
             continue

@@ -14,7 +14,8 @@ bodies, 10,000-action batches, step-claim floods, 200 slow connections), and a f
 run's token replayed from outside on 4 connections, each request as soon as the last is
 answered. Printed per phase: good heartbeats a second (answered 200), p50 and p99 round
 trip, and heartbeats/s as a ratio of quiet's (goal >= 0.8); for the replay also the
-requests answered a second and the gateway's and PostgreSQL's CPU per 1,000 of them.
+requests answered a second, the gateway's and PostgreSQL's CPU a second, and the
+gateway's per 1,000 requests.
 """
 
 from __future__ import annotations
@@ -170,9 +171,10 @@ def main() -> None:
     total = sum(replayed.values())
     if total:
         codes = ", ".join(f"{code} {n}" for code, n in replayed.most_common())
-        print(f"  replay: {total / spent['replay']:.0f} requests/s answered ({codes}); CPU per "
-              f"1,000: gateway {replay_cpu[0] / total * 1e6:.0f} ms, PostgreSQL "
-              f"{replay_cpu[1] / total * 1e6:.0f} ms")
+        print(f"  replay: {total / spent['replay']:.0f} requests/s answered ({codes}); CPU a "
+              f"second: gateway {replay_cpu[0] / spent['replay'] * 1000:.0f} ms, PostgreSQL "
+              f"{replay_cpu[1] / spent['replay'] * 1000:.0f} ms; per 1,000 requests: gateway "
+              f"{replay_cpu[0] / total * 1e6:.0f} ms")
 
 
 if __name__ == "__main__":

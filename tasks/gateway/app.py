@@ -42,6 +42,7 @@ from tasks.gateway.beats import BeatBatcher
 from tasks.gateway.budgets import retry_after_header
 from tasks.gateway.fleet.limits import Hold, limits_for
 from tasks.gateway.lost import LostLaunches
+from tasks.gateway.lost import refusal as lost_refusal
 from tasks.gateway.refusals import Refusals
 from tasks.gateway.releases import ReleaseBatcher, Send
 from tasks.gateway.wakeups import Wakeups
@@ -219,7 +220,10 @@ def create_app(settings: Settings, send_task: Send) -> Starlette:
         read = False
         try:
             grant = tokens.verify(bearer(request), settings.secret_key)
-            lost.check(grant)
+            held = lost.hold_s(grant)
+            if held is not None:
+                await asyncio.sleep(held)
+                raise lost_refusal(grant)
             ctx.refusals.check((grant.run_id, grant.generation))
             limit, hinted = body_limit(request, grant, settings)
             admitted = await limits.admit((grant.run_id, grant.generation),

@@ -1,12 +1,11 @@
 """The gateway's memory of launches that lost their fence: keyed by the launch, bounded,
-and rid of what has expired first."""
+rid of what has expired first, and its refusals paced per launch."""
 
 from __future__ import annotations
 
 import pytest
 
-from tasks.errors import FenceLostError
-from tasks.gateway.lost import LostLaunches
+from tasks.gateway.lost import PACE_S, WAIT_MAX_S, LostLaunches, refusal
 from tasks.security.tokens import EXIT_CAPABILITIES, RUNNER_CAPABILITIES, Grant
 
 
@@ -17,12 +16,7 @@ def grant(run: str, *, generation: int = 1, launch: str = "L", expires_at: float
 
 
 def refused(lost: LostLaunches, g: Grant) -> bool:
-    try:
-        lost.check(g)
-    except FenceLostError as exc:
-        assert exc.code == "FENCE_LOST"
-        return True
-    return False
+    return lost.hold_s(g) is not None
 
 
 def test_only_the_lost_launch_is_refused() -> None:
@@ -60,3 +54,26 @@ def test_the_map_never_passes_its_limit(limit: int) -> None:
         lost.lost(grant(f"r{i}", expires_at=1000.0), now=0)
         assert len(lost) <= limit
         assert refused(lost, grant(f"r{i}"))
+
+
+def test_a_lost_launch_is_answered_at_its_pace_whatever_its_connections() -> None:
+    lost = LostLaunches()
+    g = grant("r", expires_at=10_000.0)
+    lost.lost(g, now=0.0)  # the database's own FENCE_LOST: answered at once
+    # Eight requests at the same moment (eight connections): one slot each, PACE_S apart,
+    # none held past WAIT_MAX_S.
+    holds = [lost.hold_s(g, now=0.0) for _ in range(8)]
+    expected = [min(PACE_S * (i + 1), WAIT_MAX_S) for i in range(8)]
+    assert holds == pytest.approx(expected)
+    # Quiet for a while: the next request waits for no one.
+    assert lost.hold_s(g, now=100.0) == 0.0
+    assert lost.hold_s(g, now=100.0) == pytest.approx(PACE_S)
+    # Another launch's pace is its own.
+    other = grant("s", expires_at=10_000.0)
+    lost.lost(other, now=100.0)
+    assert lost.hold_s(other, now=100.0 + PACE_S) == 0.0
+
+
+def test_the_refusal_names_the_launch_and_says_fence_lost() -> None:
+    exc = refusal(grant("r"))
+    assert exc.code == "FENCE_LOST" and "launch L of run r" in exc.message

@@ -23,7 +23,6 @@ import pytest
 
 import tasks
 from tasks.gateway.lost import PACE_S
-from tasks.gateway.serve import process_count
 from tasks.host.processes import free_port
 from tasks.sandbox.local import probe_strict
 from tasks.settings import get_settings
@@ -43,6 +42,7 @@ ABUSE_S = 14.0
 P95_FACTOR = 1.5
 BEAT_P99_S = 0.25
 ROUNDS = 2
+GATEWAY_PROCESSES = 2  # each paces a lost launch on its own
 
 
 @dataclass
@@ -64,7 +64,8 @@ def fleet(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fle
     url = f"http://127.0.0.1:{free_port()}"
     sock = str(tmp_path_factory.mktemp("noisy") / "gateway.sock")
     env = worker_env(PLAYRUN_GATEWAY_URL=url, PLAYRUN_GATEWAY_SOCKET=sock,
-                     PLAYRUN_GATEWAY_WORKERS="2", PLAYRUN_SANDBOX_ISOLATION=isolation,
+                     PLAYRUN_GATEWAY_WORKERS=str(GATEWAY_PROCESSES),
+                     PLAYRUN_SANDBOX_ISOLATION=isolation,
                      **FAST_STARTS)
     gateway = Gateway(env)
     worker = Worker(env, concurrency=4, beat=True)
@@ -181,7 +182,7 @@ def test_a_dead_token_replayed_is_refused_for_every_action_and_reveals_nothing(
     # Once the launch is known lost its refusals are paced (by each gateway process), however
     # fast it asks; only the requests in flight before that (one per connection, each
     # answered by the database) are not.
-    paced = took / PACE_S * process_count(get_settings())
+    paced = took / PACE_S * GATEWAY_PROCESSES
     assert replay["sent"] <= paced + 2 * CONNECTIONS, (replay["sent"], took)
     assert replay["leaks"] == []
     assert kinds(handle.id).count("run.succeeded") == 1  # the replayed complete changed nothing

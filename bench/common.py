@@ -9,7 +9,7 @@ import shutil
 import signal
 import statistics
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -215,60 +215,49 @@ def tree_rss(pid: int) -> int:
     return sum(rss(p) for p in tree_pids(pid))
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by the live processes of the tree."""
+def _cpu_seconds(pids: Iterable[int | str], keep: Callable[[bytes], bool] | None = None,
+                 children: bool = False) -> float:
+    """CPU seconds of `pids` whose command line passes `keep`: their own (utime + stime), or
+    with `children` what their reaped children used (cutime + cstime)."""
+    first = 13 if children else 11
     ticks = 0
-    for p in tree_pids(pid):
+    for pid in pids:
         try:
-            with open(f"/proc/{p}/stat", "rb") as f:
+            if keep is not None:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if not keep(f.read()):
+                        continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
                 stat = f.read()
         except OSError:
             continue
         fields = stat[stat.rindex(b")") + 2 :].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        ticks += int(fields[first]) + int(fields[first + 1])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _all_pids() -> list[str]:
+    return [entry for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of the tree."""
+    return _cpu_seconds(tree_pids(pid))
 
 
 def cpu_matching(text: str) -> float:
     """CPU seconds used so far by live processes whose command line contains `text`
     (a database's PostgreSQL backends show its name in theirs)."""
-    ticks = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if text.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return _cpu_seconds(_all_pids(), lambda cmdline: text.encode() in cmdline)
 
 
 def pg_backends_cpu(text: str) -> float:
     """cpu_matching(text) plus what exited PostgreSQL backends used: the postmaster reaps
     them, and their time moves into its children's (cutime, cstime). Other databases'
     exited backends count too, so on a busy server take it as an upper bound."""
-    live, reaped = cpu_matching(text), 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv0 = f.read().split(b"\0", 1)[0]
-            if not argv0.endswith(b"postgres"):  # the postmaster: backends retitle themselves
-                continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        reaped += int(fields[13]) + int(fields[14])  # cutime, cstime
-    return live + reaped / os.sysconf("SC_CLK_TCK")
+    def postmaster(cmdline: bytes) -> bool:  # backends retitle themselves; it does not
+        return cmdline.split(b"\0", 1)[0].endswith(b"postgres")
+    return cpu_matching(text) + _cpu_seconds(_all_pids(), postmaster, children=True)
 
 
 def xact_commits(datname: str) -> int:
